@@ -1,0 +1,305 @@
+/*
+ * phantom/hal.h — the hardware abstraction layer of the Phantom backend.
+ *
+ * This is the one header a device vendor implements. Everything above it
+ * (device guard, streams, events, allocators, generator, operator dispatch,
+ * the Python module) is written against these functions alone, so a driver
+ * that passes the conformance suite in tests/hal runs the whole backend.
+ *
+ * Conventions
+ *  - Every fallible call returns a ph_status_t. PH_SUCCESS is 0.
+ *    PH_NOT_READY is an answer ("work still pending"), not an error.
+ *  - Output parameters come last, are named out_*, and are cleared on entry
+ *    (set to 0/NULL) so a failed call never leaves a stale value behind.
+ *  - After any call that returns an error, ph_last_error_message() on the
+ *    same thread returns a sentence saying what was wrong. The message is
+ *    thread-local and stays valid until the next failing call on that thread.
+ *  - Handles (ph_stream_t, ph_event_t) are opaque. Passing a destroyed or
+ *    foreign handle returns PH_ERROR_INVALID_HANDLE where the driver can
+ *    detect it; it never crashes the driver.
+ *  - Device memory is not host-addressable: a device pointer may be passed
+ *    to the functions below, but host code must not dereference it.
+ *  - Errors raised by queued work are sticky on their stream: the launch
+ *    call that queued the work returned PH_SUCCESS, and the error is
+ *    reported by every later query, synchronize or launch on that stream.
+ *  - Unless stated otherwise every function is thread-safe.
+ *
+ * Optional entry points are marked OPTIONAL; a driver that does not provide
+ * the capability returns PH_ERROR_UNIMPLEMENTED, and the runtime has a
+ * fallback documented next to the function.
+ */
+#ifndef PHANTOM_HAL_H_
+#define PHANTOM_HAL_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#define PH_API __declspec(dllexport)
+#else
+#define PH_API __attribute__((visibility("default")))
+#endif
+
+/* The ABI version of this header. The runtime refuses to load a driver
+ * whose ph_abi_version() differs in the major part (version / 1000). */
+#define PH_HAL_ABI_VERSION 1000
+
+/* ------------------------------------------------------------------------ */
+/* Status codes                                                             */
+/* ------------------------------------------------------------------------ */
+
+typedef enum ph_status {
+  PH_SUCCESS = 0,
+  /* Queued work has not finished yet. Not an error. */
+  PH_NOT_READY = 1,
+  /* An argument is out of range or malformed (null out pointer, zero-sized
+   * request where one is not allowed, unknown enum value, ...). */
+  PH_ERROR_INVALID_ARGUMENT = 2,
+  /* A device index is negative or >= the device count. */
+  PH_ERROR_INVALID_DEVICE = 3,
+  /* A stream, event or pointer handle is null, destroyed or foreign. */
+  PH_ERROR_INVALID_HANDLE = 4,
+  /* The device (or pinned host pool) cannot satisfy an allocation. */
+  PH_ERROR_OUT_OF_MEMORY = 5,
+  /* Work running on the device failed. Sticky on its stream. */
+  PH_ERROR_DEVICE = 6,
+  /* The driver does not implement this capability. */
+  PH_ERROR_UNIMPLEMENTED = 7,
+  /* The driver could not start: bad configuration or no devices. */
+  PH_ERROR_NOT_INITIALIZED = 8,
+} ph_status_t;
+
+/* A static, human-readable name for a status ("PH_ERROR_OUT_OF_MEMORY").
+ * Unknown values give "PH_STATUS_UNKNOWN". Never fails. */
+PH_API const char* ph_status_name(ph_status_t status);
+
+/* The message of the last failing call on the calling thread, or "" if no
+ * call on this thread has failed. Never fails. */
+PH_API const char* ph_last_error_message(void);
+
+/* PH_HAL_ABI_VERSION of the header the driver was built with. */
+PH_API uint32_t ph_abi_version(void);
+
+/* ------------------------------------------------------------------------ */
+/* Devices                                                                  */
+/* ------------------------------------------------------------------------ */
+
+typedef struct ph_device_properties {
+  char name[64];            /* e.g. "Phantom fake accelerator" */
+  size_t total_memory;      /* bytes of device memory */
+  int multiprocessor_count; /* compute units; informational */
+  int stream_priority_low;  /* numerically greatest (lowest) priority */
+  int stream_priority_high; /* numerically least (highest) priority */
+} ph_device_properties_t;
+
+/* Number of devices. Returns PH_ERROR_NOT_INITIALIZED (with *out_count = 0)
+ * if the driver could not start, e.g. because its configuration is invalid;
+ * the message says which setting was wrong. */
+PH_API ph_status_t ph_device_count(int* out_count);
+
+/* The calling thread's current device (initially 0). */
+PH_API ph_status_t ph_get_device(int* out_device);
+
+/* Makes `device` current for the calling thread.
+ * PH_ERROR_INVALID_DEVICE if out of range. */
+PH_API ph_status_t ph_set_device(int device);
+
+/* PH_ERROR_INVALID_DEVICE if out of range. */
+PH_API ph_status_t ph_device_get_properties(int device,
+                                            ph_device_properties_t* out_props);
+
+/* Blocks until all work queued on every stream of `device` has finished.
+ * Returns the first sticky error among the device's streams, if any.
+ * PH_ERROR_INVALID_ARGUMENT if called from work running on a stream of the
+ * same device (it would wait for itself). */
+PH_API ph_status_t ph_device_synchronize(int device);
+
+/* ------------------------------------------------------------------------ */
+/* Memory                                                                   */
+/* ------------------------------------------------------------------------ */
+
+/* Free and total device memory in bytes, as seen by the driver. */
+PH_API ph_status_t ph_mem_get_info(int device, size_t* out_free,
+                                   size_t* out_total);
+
+/* Allocates `size` bytes of device memory, aligned to at least 256 bytes.
+ * size == 0 gives *out_ptr == NULL and PH_SUCCESS.
+ * PH_ERROR_OUT_OF_MEMORY if the device has no free range that large;
+ * PH_ERROR_INVALID_DEVICE if out of range. The memory's contents are
+ * unspecified. The pointer is not host-addressable. */
+PH_API ph_status_t ph_malloc(int device, size_t size, void** out_ptr);
+
+/* Returns device memory from ph_malloc to the driver at once. The caller
+ * must ensure no queued work still uses it (synchronize first).
+ * NULL is a no-op. PH_ERROR_INVALID_HANDLE if `ptr` is not the start of a
+ * live device allocation. */
+PH_API ph_status_t ph_free(void* ptr);
+
+/* Allocates page-aligned, host-addressable ("pinned") memory that the copy
+ * engine can read and write asynchronously. size == 0 gives NULL. */
+PH_API ph_status_t ph_host_malloc(size_t size, void** out_ptr);
+
+/* Frees memory from ph_host_malloc. NULL is a no-op.
+ * PH_ERROR_INVALID_HANDLE if `ptr` is not the start of a pinned block. */
+PH_API ph_status_t ph_host_free(void* ptr);
+
+typedef enum ph_memory_type {
+  PH_MEMORY_UNREGISTERED = 0, /* ordinary (pageable) host memory */
+  PH_MEMORY_HOST_PINNED = 1,  /* inside a ph_host_malloc block */
+  PH_MEMORY_DEVICE = 2,       /* inside a ph_malloc block */
+} ph_memory_type_t;
+
+typedef struct ph_pointer_attributes {
+  ph_memory_type_t type;
+  int device;      /* device index for PH_MEMORY_DEVICE, else -1 */
+  void* base;      /* start of the enclosing allocation, or NULL */
+  size_t size;     /* size of the enclosing allocation, or 0 */
+} ph_pointer_attributes_t;
+
+/* Classifies any pointer. Never fails for a non-NULL out parameter: an
+ * unknown pointer is PH_MEMORY_UNREGISTERED. */
+PH_API ph_status_t ph_pointer_get_attributes(const void* ptr,
+                                             ph_pointer_attributes_t* out_attr);
+
+/* OPTIONAL. Inside work launched with ph_launch_host_func, the address at
+ * which that work may read and write the device memory `device_ptr` points
+ * into. This is what lets host-code kernels (the fake device computes with
+ * the CPU's kernels) run over device memory without copying.
+ * PH_ERROR_INVALID_ARGUMENT when `device_ptr` is not device memory or when
+ * called outside work running on a stream (host code must never touch
+ * device memory). Drivers of real hardware return PH_ERROR_UNIMPLEMENTED;
+ * the operator layer then has no zero-copy generic path. */
+PH_API ph_status_t ph_kernel_address(const void* device_ptr, void** out_ptr);
+
+/* ------------------------------------------------------------------------ */
+/* Streams                                                                  */
+/* ------------------------------------------------------------------------ */
+
+/* A stream is an in-order queue of work on one device. Work on different
+ * streams is unordered unless ordered by events. */
+typedef struct ph_stream* ph_stream_t;
+/* An event marks a point in a stream's queue. */
+typedef struct ph_event* ph_event_t;
+
+/* Creates a stream on `device`. `priority` is clamped to the range in
+ * ph_device_properties_t. PH_ERROR_INVALID_DEVICE if out of range. */
+PH_API ph_status_t ph_stream_create(int device, int priority,
+                                    ph_stream_t* out_stream);
+
+/* Waits for the stream's queued work to finish, then destroys it. A sticky
+ * error on the stream is discarded. PH_ERROR_INVALID_HANDLE for an unknown
+ * handle; PH_ERROR_INVALID_ARGUMENT if called from work on that stream. */
+PH_API ph_status_t ph_stream_destroy(ph_stream_t stream);
+
+/* PH_SUCCESS if every piece of work queued so far has finished,
+ * PH_NOT_READY if some is queued or still running, or the stream's
+ * sticky error. Never blocks. */
+PH_API ph_status_t ph_stream_query(ph_stream_t stream);
+
+/* Blocks until all work queued so far has finished. Returns PH_SUCCESS or
+ * the stream's sticky error. PH_ERROR_INVALID_ARGUMENT if called from work
+ * running on the same stream. */
+PH_API ph_status_t ph_stream_synchronize(ph_stream_t stream);
+
+PH_API ph_status_t ph_stream_get_device(ph_stream_t stream, int* out_device);
+PH_API ph_status_t ph_stream_get_priority(ph_stream_t stream, int* out_priority);
+
+/* Work queued on `stream` after this call does not start until the point
+ * `event` marked when it was last recorded *before this call* has been
+ * reached; a later re-record of the event does not affect this wait.
+ * An event never recorded imposes no wait. The event may belong to another
+ * device. */
+PH_API ph_status_t ph_stream_wait_event(ph_stream_t stream, ph_event_t event);
+
+/* Host work queued on a stream. `run` executes on the stream's worker, in
+ * order with the stream's other work; while it runs, ph_kernel_address
+ * is valid for device memory. It returns PH_SUCCESS, or an error status
+ * after writing a sentence into `error` (at most `error_size` bytes,
+ * NUL-terminated); the stream then becomes sticky with that status and a
+ * message naming the task. `release` (may be NULL) is called exactly once
+ * for every task accepted by ph_launch_host_func: after `run`, or instead
+ * of it when the stream already has a sticky error or is destroyed. */
+typedef struct ph_host_task {
+  const char* name; /* static string naming the work, e.g. the op */
+  ph_status_t (*run)(void* user_data, char* error, size_t error_size);
+  void (*release)(void* user_data);
+  void* user_data;
+} ph_host_task_t;
+
+/* Queues `task` on `stream` and returns at once. If the stream already has
+ * a sticky error, the task is released without running and the error is
+ * returned. On any error return, `release` has been called. */
+PH_API ph_status_t ph_launch_host_func(ph_stream_t stream,
+                                       const ph_host_task_t* task);
+
+/* ------------------------------------------------------------------------ */
+/* Copies                                                                   */
+/* ------------------------------------------------------------------------ */
+
+typedef enum ph_memcpy_kind {
+  PH_MEMCPY_HOST_TO_HOST = 0,
+  PH_MEMCPY_HOST_TO_DEVICE = 1,
+  PH_MEMCPY_DEVICE_TO_HOST = 2,
+  PH_MEMCPY_DEVICE_TO_DEVICE = 3, /* also between two devices */
+} ph_memcpy_kind_t;
+
+/* Copies `size` bytes and returns when the copy is complete. Not ordered
+ * with any stream: synchronize the streams that use the memory first.
+ * PH_ERROR_INVALID_ARGUMENT if a pointer's memory type contradicts `kind`
+ * or a range runs past the end of its allocation. */
+PH_API ph_status_t ph_memcpy(void* dst, const void* src, size_t size,
+                             ph_memcpy_kind_t kind);
+
+/* Queues a copy on `stream`, after the stream's earlier work. When the host
+ * side is pinned (or the copy is device to device) the call returns at once.
+ * When the host side is pageable, the call blocks until the copy is done,
+ * as a DMA engine cannot read pageable memory after the call returns. */
+PH_API ph_status_t ph_memcpy_async(void* dst, const void* src, size_t size,
+                                   ph_memcpy_kind_t kind, ph_stream_t stream);
+
+/* Queues a fill of `size` bytes of device memory with the byte `value`. */
+PH_API ph_status_t ph_memset_async(void* dst, int value, size_t size,
+                                   ph_stream_t stream);
+
+/* ------------------------------------------------------------------------ */
+/* Events                                                                   */
+/* ------------------------------------------------------------------------ */
+
+enum {
+  PH_EVENT_DEFAULT = 0,
+  PH_EVENT_DISABLE_TIMING = 1, /* elapsed_time is refused */
+};
+
+/* Creates an event with PH_EVENT_* flags. */
+PH_API ph_status_t ph_event_create(unsigned flags, ph_event_t* out_event);
+
+/* Destroys the event. Waits already queued on it still complete correctly. */
+PH_API ph_status_t ph_event_destroy(ph_event_t event);
+
+/* Marks the current end of `stream`'s queue. Each record starts a new
+ * generation; queries and waits refer to the latest record at their call. */
+PH_API ph_status_t ph_event_record(ph_event_t event, ph_stream_t stream);
+
+/* PH_SUCCESS if the recorded point has been reached (or the event was never
+ * recorded), else PH_NOT_READY. Never blocks. */
+PH_API ph_status_t ph_event_query(ph_event_t event);
+
+/* Blocks until the recorded point has been reached. Returns PH_SUCCESS or
+ * the sticky error of the recording stream. */
+PH_API ph_status_t ph_event_synchronize(ph_event_t event);
+
+/* Milliseconds between two reached records. PH_ERROR_INVALID_ARGUMENT if
+ * either was created with PH_EVENT_DISABLE_TIMING or never recorded;
+ * PH_NOT_READY if either has not been reached yet. */
+PH_API ph_status_t ph_event_elapsed_time(ph_event_t start, ph_event_t end,
+                                         float* out_ms);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* PHANTOM_HAL_H_ */

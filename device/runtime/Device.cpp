@@ -1,0 +1,101 @@
+// See phantom/Device.h.
+#include <phantom/Device.h>
+#include <phantom/Exception.h>
+
+#include <c10/util/Exception.h>
+
+#include <mutex>
+
+namespace phantom {
+namespace {
+
+struct DriverInfo {
+  c10::DeviceIndex count = 0;
+  std::string error;
+};
+
+const DriverInfo& driverInfo() noexcept {
+  static const DriverInfo info = [] {
+    DriverInfo result;
+    const uint32_t version = ph_abi_version();
+    if (version / 1000 != PH_HAL_ABI_VERSION / 1000) {
+      result.error = "the phantom driver implements HAL ABI " +
+                     std::to_string(version) + " but this runtime needs " +
+                     std::to_string(PH_HAL_ABI_VERSION) +
+                     "; rebuild the driver against device/hal/phantom/hal.h";
+      return result;
+    }
+    int count = 0;
+    const ph_status_t status = ph_device_count(&count);
+    if (status != PH_SUCCESS) {
+      result.error = ph_last_error_message();
+      if (result.error.empty()) {
+        result.error = ph_status_name(status);
+      }
+      return result;
+    }
+    result.count = static_cast<c10::DeviceIndex>(count);
+    return result;
+  }();
+  return info;
+}
+
+}  // namespace
+
+c10::DeviceIndex deviceCountNoThrow() noexcept {
+  return driverInfo().count;
+}
+
+const std::string& driverStartupError() noexcept {
+  return driverInfo().error;
+}
+
+c10::DeviceIndex deviceCountOrThrow() {
+  const DriverInfo& info = driverInfo();
+  if (C10_UNLIKELY(!info.error.empty() || info.count == 0)) {
+    throw c10::AcceleratorError(
+        {__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
+        PH_ERROR_NOT_INITIALIZED,
+        info.error.empty()
+            ? std::string("no phantom devices: PHANTOM_DEVICE_COUNT is 0")
+            : "phantom driver failed to start: " + info.error);
+  }
+  return info.count;
+}
+
+void checkDeviceIndex(c10::DeviceIndex index) {
+  const c10::DeviceIndex count = deviceCountOrThrow();
+  TORCH_CHECK(index >= 0 && index < count, "phantom device index ",
+              static_cast<int>(index), " is out of range: there ",
+              count == 1 ? "is 1 phantom device" : "are ",
+              count == 1 ? "" : std::to_string(count) + " phantom devices",
+              " (valid indices 0..", count - 1,
+              "; PHANTOM_DEVICE_COUNT sets how many)");
+}
+
+c10::DeviceIndex currentDevice() {
+  deviceCountOrThrow();
+  int device = 0;
+  PHANTOM_CHECK(ph_get_device(&device));
+  return static_cast<c10::DeviceIndex>(device);
+}
+
+void setCurrentDevice(c10::DeviceIndex index) {
+  checkDeviceIndex(index);
+  PHANTOM_CHECK(ph_set_device(index));
+}
+
+c10::DeviceIndex exchangeDevice(c10::DeviceIndex index) {
+  const c10::DeviceIndex previous = currentDevice();
+  if (previous != index) {
+    setCurrentDevice(index);
+  }
+  return previous;
+}
+
+void synchronizeDevice(c10::DeviceIndex index) {
+  checkDeviceIndex(index);
+  PHANTOM_CHECK(ph_device_synchronize(index));
+}
+
+}  // namespace phantom

@@ -1,0 +1,96 @@
+// See phantom/Generator.h.
+#include <phantom/Device.h>
+#include <phantom/Generator.h>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <c10/util/Exception.h>
+
+#include <memory>
+#include <mutex>
+#include <vector>
+
+namespace phantom {
+
+PhantomGeneratorImpl::PhantomGeneratorImpl(c10::DeviceIndex device,
+                                           at::Generator cpu_generator)
+    : c10::GeneratorImpl(c10::Device(c10::DeviceType::PrivateUse1, device),
+                         c10::DispatchKeySet(c10::DispatchKey::PrivateUse1)),
+      cpu_generator_(cpu_generator.defined()
+                         ? std::move(cpu_generator)
+                         : at::make_generator<at::CPUGeneratorImpl>(
+                               c10::default_rng_seed_val)) {}
+
+void PhantomGeneratorImpl::set_current_seed(uint64_t seed) {
+  cpu_generator_.set_current_seed(seed);
+}
+
+void PhantomGeneratorImpl::set_offset(uint64_t offset) {
+  cpu_generator_.set_offset(offset);
+}
+
+uint64_t PhantomGeneratorImpl::get_offset() const {
+  return cpu_generator_.get_offset();
+}
+
+uint64_t PhantomGeneratorImpl::current_seed() const {
+  return cpu_generator_.current_seed();
+}
+
+uint64_t PhantomGeneratorImpl::seed() {
+  return cpu_generator_.seed();
+}
+
+void PhantomGeneratorImpl::set_state(const c10::TensorImpl& new_state) {
+  cpu_generator_.unsafeGetGeneratorImpl()->set_state(new_state);
+}
+
+c10::intrusive_ptr<c10::TensorImpl> PhantomGeneratorImpl::get_state() const {
+  return cpu_generator_.unsafeGetGeneratorImpl()->get_state();
+}
+
+PhantomGeneratorImpl* PhantomGeneratorImpl::clone_impl() const {
+  return new PhantomGeneratorImpl(device().index(), cpu_generator_.clone());
+}
+
+const at::Generator& defaultGenerator(c10::DeviceIndex device) {
+  static std::once_flag once;
+  static std::vector<at::Generator>* generators = nullptr;
+  std::call_once(once, [] {
+    const c10::DeviceIndex count = deviceCountNoThrow();
+    // Leaked on purpose, like every default generator in PyTorch.
+    generators = new std::vector<at::Generator>();
+    for (c10::DeviceIndex i = 0; i < count; ++i) {
+      generators->push_back(at::make_generator<PhantomGeneratorImpl>(i));
+    }
+  });
+  if (device < 0) {
+    device = currentDevice();
+  }
+  checkDeviceIndex(device);
+  return (*generators)[device];
+}
+
+at::Generator newGenerator(c10::DeviceIndex device) {
+  if (device < 0) {
+    device = currentDevice();
+  }
+  checkDeviceIndex(device);
+  return at::make_generator<PhantomGeneratorImpl>(device);
+}
+
+at::Generator cpuGeneratorFor(const std::optional<at::Generator>& generator,
+                              c10::DeviceIndex device) {
+  if (!generator.has_value() || !generator->defined()) {
+    return defaultGenerator(device)
+        .get<PhantomGeneratorImpl>()
+        ->cpuGenerator();
+  }
+  const c10::Device where = generator->device();
+  TORCH_CHECK(where.type() == c10::DeviceType::PrivateUse1,
+              "expected a generator of device phantom:",
+              static_cast<int>(device), " but got one of device ", where,
+              "; create it with torch.Generator(device='phantom')");
+  return generator->get<PhantomGeneratorImpl>()->cpuGenerator();
+}
+
+}  // namespace phantom

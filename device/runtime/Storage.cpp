@@ -1,0 +1,33 @@
+// See phantom/Storage.h.
+#include <phantom/Exception.h>
+#include <phantom/Storage.h>
+#include <phantom/Stream.h>
+
+#include <c10/core/DeviceGuard.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+
+namespace phantom {
+
+void resizeStorageBytes(c10::StorageImpl* storage, size_t nbytes) {
+  TORCH_CHECK(storage->resizable(),
+              "cannot resize this phantom storage: it is not resizable (it "
+              "was created from memory PyTorch does not own)");
+  c10::Allocator* allocator = storage->allocator();
+  TORCH_CHECK(allocator != nullptr,
+              "cannot resize a phantom storage that has no allocator");
+  const c10::Device device = storage->device();
+  c10::DeviceGuard guard(device);
+  c10::DataPtr fresh = allocator->allocate(nbytes);
+  const size_t keep = std::min(nbytes, storage->nbytes());
+  if (keep > 0 && storage->data() != nullptr) {
+    const PhantomStream stream = getCurrentPhantomStream(device.index());
+    PHANTOM_CHECK(ph_memcpy_async(fresh.get(), storage->data(), keep,
+                                  PH_MEMCPY_DEVICE_TO_DEVICE, stream.handle()));
+  }
+  storage->set_data_ptr_noswap(std::move(fresh));
+  storage->set_nbytes(nbytes);
+}
+
+}  // namespace phantom

@@ -1,0 +1,129 @@
+// See phantom/Stream.h. Stream ids: 0 is the default stream, 1..32 the
+// low-priority pool, 33..64 the high-priority pool.
+#include <phantom/Device.h>
+#include <phantom/Exception.h>
+#include <phantom/Stream.h>
+
+#include <c10/util/Exception.h>
+
+#include <array>
+#include <atomic>
+#include <mutex>
+
+namespace phantom {
+namespace {
+
+constexpr int kMaxDevices = 64;
+constexpr int kStreamsPerDevice = 1 + 2 * kStreamsPerPool;
+
+struct DeviceStreams {
+  std::mutex create_mutex;  // serialises lazy creation of driver streams
+  std::array<std::atomic<ph_stream_t>, kStreamsPerDevice> handles{};
+  std::atomic<uint32_t> next_low{0};
+  std::atomic<uint32_t> next_high{0};
+};
+
+DeviceStreams& streamsOf(c10::DeviceIndex device) {
+  // Leaked on purpose: streams outlive every static destructor that might
+  // still free tensors at exit.
+  static auto* all = new std::array<DeviceStreams, kMaxDevices>();
+  return (*all)[device];
+}
+
+thread_local std::array<c10::StreamId, kMaxDevices> current_stream_ids{};
+
+c10::DeviceIndex resolve(c10::DeviceIndex device) {
+  if (device < 0) {
+    return currentDevice();
+  }
+  checkDeviceIndex(device);
+  return device;
+}
+
+int priorityOfId(c10::StreamId id) {
+  return id > kStreamsPerPool ? kHighPriority : kLowPriority;
+}
+
+c10::Stream makeStream(c10::DeviceIndex device, c10::StreamId id) {
+  return c10::Stream(c10::Stream::UNSAFE,
+                     c10::Device(c10::DeviceType::PrivateUse1, device), id);
+}
+
+}  // namespace
+
+PhantomStream::PhantomStream(c10::Stream stream) : stream_(stream) {
+  TORCH_CHECK(stream.device_type() == c10::DeviceType::PrivateUse1,
+              "expected a phantom stream, got a stream of device type ",
+              stream.device_type());
+  TORCH_CHECK(stream.id() >= 0 && stream.id() < kStreamsPerDevice,
+              "invalid phantom stream id ", stream.id());
+}
+
+int PhantomStream::priority() const {
+  return priorityOfId(id());
+}
+
+ph_stream_t PhantomStream::handle() const {
+  DeviceStreams& streams = streamsOf(device_index());
+  std::atomic<ph_stream_t>& slot = streams.handles[id()];
+  ph_stream_t handle = slot.load(std::memory_order_acquire);
+  if (C10_LIKELY(handle != nullptr)) {
+    return handle;
+  }
+  std::lock_guard<std::mutex> lock(streams.create_mutex);
+  handle = slot.load(std::memory_order_relaxed);
+  if (handle == nullptr) {
+    checkDeviceIndex(device_index());
+    PHANTOM_CHECK(ph_stream_create(device_index(), priority(), &handle));
+    slot.store(handle, std::memory_order_release);
+  }
+  return handle;
+}
+
+bool PhantomStream::query() const {
+  const ph_status_t status = ph_stream_query(handle());
+  if (status == PH_NOT_READY) {
+    return false;
+  }
+  PHANTOM_CHECK(status);
+  return true;
+}
+
+void PhantomStream::synchronize() const {
+  PHANTOM_CHECK(ph_stream_synchronize(handle()));
+}
+
+PhantomStream getDefaultPhantomStream(c10::DeviceIndex device) {
+  return PhantomStream(makeStream(resolve(device), 0));
+}
+
+PhantomStream getCurrentPhantomStream(c10::DeviceIndex device) {
+  device = resolve(device);
+  return PhantomStream(makeStream(device, current_stream_ids[device]));
+}
+
+PhantomStream getStreamFromPool(bool high_priority, c10::DeviceIndex device) {
+  device = resolve(device);
+  DeviceStreams& streams = streamsOf(device);
+  std::atomic<uint32_t>& next = high_priority ? streams.next_high
+                                              : streams.next_low;
+  const uint32_t index = next.fetch_add(1, std::memory_order_relaxed) %
+                         kStreamsPerPool;
+  const c10::StreamId id = 1 + (high_priority ? kStreamsPerPool : 0) + index;
+  return PhantomStream(makeStream(device, id));
+}
+
+PhantomStream getStreamFromPool(int priority, c10::DeviceIndex device) {
+  return getStreamFromPool(priority < 0, device);
+}
+
+void setCurrentPhantomStream(PhantomStream stream) {
+  checkDeviceIndex(stream.device_index());
+  current_stream_ids[stream.device_index()] = stream.id();
+}
+
+std::ostream& operator<<(std::ostream& out, const PhantomStream& stream) {
+  return out << stream.unwrap();
+}
+
+}  // namespace phantom

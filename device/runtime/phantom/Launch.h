@@ -1,0 +1,29 @@
+// Launching host-code work on a phantom stream.
+//
+// The fake device computes with the CPU's own kernels; this is how such a
+// kernel is queued. launchAsync returns as soon as the work is queued, like
+// a kernel launch on a real accelerator; an exception thrown by the work
+// becomes the stream's sticky error (reported by the next sync, naming the
+// work). launchAndWait is for work whose result the host needs at once
+// (data-dependent output shapes): the exception is rethrown to the caller
+// as it was raised and the stream stays usable.
+#pragma once
+
+#include <phantom/Stream.h>
+
+#include <functional>
+
+namespace phantom {
+
+void launchAsync(const PhantomStream& stream, const char* name,
+                 std::function<void()> work);
+
+void launchAndWait(const PhantomStream& stream, const char* name,
+                   std::function<void()> work);
+
+// True while the calling thread is running work launched by the two calls
+// above. Host-only operations (device synchronize, freeing device memory
+// at once) must not be done from there.
+bool inDeviceWork() noexcept;
+
+}  // namespace phantom

@@ -1,0 +1,65 @@
+// Streams as PyTorch sees them.
+//
+// A c10::Stream is a (device, id) pair; this file maps ids to driver
+// streams. As in CUDA, each device has a default stream (id 0) and two pools
+// of kStreamsPerPool streams, one per priority, handed out round-robin: a
+// stream is never destroyed while the process runs, so a c10::Stream can be
+// copied around freely. Driver streams are created lazily, on the first use
+// of each id. The current stream is per thread and per device.
+#pragma once
+
+#include <phantom/hal.h>
+
+#include <c10/core/Stream.h>
+
+#include <cstdint>
+#include <ostream>
+
+namespace phantom {
+
+constexpr int kStreamsPerPool = 32;
+constexpr int kLowPriority = 0;    // default
+constexpr int kHighPriority = -1;  // numerically smaller is more urgent
+
+class PhantomStream {
+ public:
+  explicit PhantomStream(c10::Stream stream);
+
+  c10::Stream unwrap() const { return stream_; }
+  c10::DeviceIndex device_index() const { return stream_.device_index(); }
+  c10::Device device() const { return stream_.device(); }
+  c10::StreamId id() const { return stream_.id(); }
+  int priority() const;
+
+  // The driver stream; created on first use.
+  ph_stream_t handle() const;
+
+  // True when all work queued so far has finished. Raises the stream's
+  // sticky error, if any.
+  bool query() const;
+  // Blocks until all queued work has finished; raises a sticky error.
+  void synchronize() const;
+
+  bool operator==(const PhantomStream& other) const {
+    return stream_ == other.stream_;
+  }
+  bool operator!=(const PhantomStream& other) const {
+    return !(*this == other);
+  }
+
+ private:
+  c10::Stream stream_;
+};
+
+// device == -1 means the current device.
+PhantomStream getDefaultPhantomStream(c10::DeviceIndex device = -1);
+PhantomStream getCurrentPhantomStream(c10::DeviceIndex device = -1);
+PhantomStream getStreamFromPool(bool high_priority = false,
+                                c10::DeviceIndex device = -1);
+PhantomStream getStreamFromPool(int priority, c10::DeviceIndex device);
+// Makes `stream` current on its device for this thread.
+void setCurrentPhantomStream(PhantomStream stream);
+
+std::ostream& operator<<(std::ostream& out, const PhantomStream& stream);
+
+}  // namespace phantom

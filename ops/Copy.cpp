@@ -1,0 +1,166 @@
+// Copies between the host and phantom devices, and between phantom devices
+// (_copy_from, behind every copy_, .to() and .cpu()).
+//
+//   host -> device   dtype conversion and broadcasting happen on the host;
+//                    the bytes go over as one dense transfer on the current
+//                    stream. From pinned memory with non_blocking=True the
+//                    call returns before the transfer completes.
+//   device -> host   a dense transfer after the stream's earlier work, then
+//                    dtype/stride conversion on the host. Into pinned memory
+//                    with non_blocking=True it returns at once.
+//   same device      a copy kernel on the current stream (any dtype, any
+//                    strides, broadcasting), returns at once.
+//   across devices   staged dense on the source device, then a blocking
+//                    device-to-device transfer after both devices' current
+//                    streams have finished their earlier work.
+#include <phantom/Exception.h>
+#include <phantom/HostAllocator.h>
+#include <phantom/Launch.h>
+#include <phantom/Stream.h>
+#include <phantom/ops/KernelAliases.h>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_strided.h>
+#include <c10/core/DeviceGuard.h>
+#include <torch/library.h>
+
+namespace phantom {
+namespace {
+
+bool isPhantom(const at::Tensor& tensor) {
+  return tensor.device().type() == c10::DeviceType::PrivateUse1;
+}
+
+// True when `a` and `b` can be copied as one run of bytes.
+bool sameDenseLayout(const at::Tensor& a, const at::Tensor& b) {
+  return a.dtype() == b.dtype() && a.sizes() == b.sizes() &&
+         a.strides() == b.strides() && a.is_non_overlapping_and_dense() &&
+         a.is_conj() == b.is_conj() && a.is_neg() == b.is_neg();
+}
+
+size_t byteSize(const at::Tensor& tensor) {
+  return static_cast<size_t>(tensor.numel()) * tensor.element_size();
+}
+
+void copyHostToDevice(const at::Tensor& src, const at::Tensor& dst,
+                      bool non_blocking) {
+  const c10::DeviceGuard guard(dst.device());
+  const PhantomStream stream = getCurrentPhantomStream(dst.device().index());
+  if (sameDenseLayout(src, dst) && !src.is_conj() && !src.is_neg()) {
+    PHANTOM_CHECK(ph_memcpy_async(dst.data_ptr(), src.const_data_ptr(),
+                                  byteSize(dst), PH_MEMCPY_HOST_TO_DEVICE,
+                                  stream.handle()));
+    if (isPinnedPointer(src.const_data_ptr())) {
+      if (!non_blocking) {
+        stream.synchronize();
+        return;
+      }
+      // The transfer reads `src` later: keep its memory alive until then.
+      launchAsync(stream, "keep source of non_blocking copy alive", [src] {});
+    }
+    return;
+  }
+  // Convert on the host into dst's dtype and (dense) layout, then transfer.
+  at::Tensor target = dst;
+  if (!dst.is_non_overlapping_and_dense()) {
+    target = at::empty(dst.sizes(), dst.options());
+  }
+  at::Tensor staged = at::empty_strided(target.sizes(), target.strides(),
+                                        target.options().device(c10::kCPU));
+  staged.copy_(src);
+  // `staged` is pageable: the call returns once the bytes have arrived.
+  PHANTOM_CHECK(ph_memcpy_async(target.data_ptr(), staged.const_data_ptr(),
+                                byteSize(target), PH_MEMCPY_HOST_TO_DEVICE,
+                                stream.handle()));
+  if (!target.is_same(dst)) {
+    dst.copy_(target);
+  }
+}
+
+void copyDeviceToHost(const at::Tensor& src, const at::Tensor& dst,
+                      bool non_blocking) {
+  const c10::DeviceGuard guard(src.device());
+  const PhantomStream stream = getCurrentPhantomStream(src.device().index());
+  const at::Tensor dense = src.is_non_overlapping_and_dense() && !src.is_conj() &&
+                                   !src.is_neg()
+                               ? src
+                               : src.contiguous().resolve_conj().resolve_neg();
+  if (sameDenseLayout(dense, dst) && !dst.is_conj() && !dst.is_neg()) {
+    PHANTOM_CHECK(ph_memcpy_async(dst.data_ptr(), dense.const_data_ptr(),
+                                  byteSize(dst), PH_MEMCPY_DEVICE_TO_HOST,
+                                  stream.handle()));
+    if (isPinnedPointer(dst.const_data_ptr()) && !non_blocking) {
+      stream.synchronize();
+    }
+    return;
+  }
+  at::Tensor staged = at::empty_strided(dense.sizes(), dense.strides(),
+                                        dense.options().device(c10::kCPU));
+  // Pageable destination: returns once the bytes have arrived.
+  PHANTOM_CHECK(ph_memcpy_async(staged.data_ptr(), dense.const_data_ptr(),
+                                byteSize(dense), PH_MEMCPY_DEVICE_TO_HOST,
+                                stream.handle()));
+  dst.copy_(staged);
+}
+
+void copyOnDevice(const at::Tensor& src, const at::Tensor& dst) {
+  const c10::DeviceGuard guard(dst.device());
+  launchAsync(getCurrentPhantomStream(dst.device().index()), "aten::copy_",
+              [src, dst] {
+                KernelAliases aliases;
+                aliases.alias(dst).copy_(aliases.alias(src));
+              });
+}
+
+void copyAcrossDevices(const at::Tensor& src, const at::Tensor& dst) {
+  at::Tensor staged = src;
+  if (!sameDenseLayout(src, dst) || src.is_conj() || src.is_neg()) {
+    const c10::DeviceGuard guard(src.device());
+    staged = at::empty(dst.sizes(), src.options().dtype(dst.dtype()));
+    copyOnDevice(src, staged);
+  }
+  at::Tensor target = dst;
+  if (!sameDenseLayout(staged, dst)) {
+    const c10::DeviceGuard guard(dst.device());
+    target = at::empty(dst.sizes(), dst.options());
+  }
+  getCurrentPhantomStream(src.device().index()).synchronize();
+  getCurrentPhantomStream(dst.device().index()).synchronize();
+  PHANTOM_CHECK(ph_memcpy(target.data_ptr(), staged.const_data_ptr(),
+                          byteSize(target), PH_MEMCPY_DEVICE_TO_DEVICE));
+  if (!target.is_same(dst)) {
+    copyOnDevice(target, dst);
+  }
+}
+
+at::Tensor copyFrom(const at::Tensor& src, const at::Tensor& dst,
+                    bool non_blocking) {
+  if (dst.numel() == 0) {
+    return dst;
+  }
+  TORCH_CHECK(isPhantom(src) || src.device().is_cpu(),
+              "cannot copy from ", src.device(), " to ", dst.device(),
+              ": phantom copies to and from the CPU and phantom devices only");
+  TORCH_CHECK(isPhantom(dst) || dst.device().is_cpu(),
+              "cannot copy from ", src.device(), " to ", dst.device(),
+              ": phantom copies to and from the CPU and phantom devices only");
+  if (!isPhantom(src)) {
+    copyHostToDevice(src.expand_as(dst), dst, non_blocking);
+  } else if (!isPhantom(dst)) {
+    copyDeviceToHost(src, dst, non_blocking);
+  } else if (src.device() == dst.device()) {
+    copyOnDevice(src, dst);
+  } else {
+    copyAcrossDevices(src.expand_as(dst), dst);
+  }
+  return dst;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("_copy_from", TORCH_FN(copyFrom));
+}
+
+}  // namespace phantom

@@ -1,0 +1,285 @@
+// The generic path: every ATen op without a phantom kernel of its own runs
+// here, by running the op's CPU kernel over the device memory.
+//
+// The boxed fallback registered for PrivateUse1 receives the op's
+// arguments, checks that all tensors are on one phantom device (CPU
+// scalars, i.e. 0-dim tensors, are allowed as on CUDA), and queues work on
+// that device's current stream which
+//   1. turns each phantom tensor into a CPU alias of its device memory
+//      (KernelAliases: zero-copy, views and aliasing preserved),
+//   2. hands `Generator?` arguments the device generator's CPU generator,
+//      so phantom draws exactly the CPU's random numbers,
+//   3. calls the op's CPU kernel, and
+//   4. maps each result back: a result living in an argument's storage is
+//      that argument (in-place and out= ops) or a phantom view of it (view
+//      ops); a result the CPU kernel allocated is moved into a new phantom
+//      tensor, on the worker, before the host sees it.
+// The host waits for that work (launchAndWait): this foundation path is
+// synchronous, which is always correct, including for ops whose output
+// shape depends on data. Exceptions from the CPU kernel (bad indices, shape
+// errors) reach the caller unchanged and do not poison the stream.
+#include <phantom/Launch.h>
+#include <phantom/Generator.h>
+#include <phantom/Stream.h>
+#include <phantom/ops/KernelAliases.h>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_strided.h>
+#include <c10/core/DeviceGuard.h>
+#include <torch/library.h>
+
+#include <optional>
+#include <string>
+#include <unordered_set>
+#include <vector>
+
+namespace phantom {
+namespace {
+
+bool isPhantom(const at::Tensor& tensor) {
+  return tensor.defined() &&
+         tensor.device().type() == c10::DeviceType::PrivateUse1;
+}
+
+// Ops that, like on CUDA, accept CPU index tensors next to device tensors.
+bool acceptsHostIndices(const c10::OperatorName& name) {
+  return name.name == "aten::index" || name.name == "aten::index_put_" ||
+         name.name == "aten::_index_put_impl_" || name.name == "aten::index_put";
+}
+
+// Finds the phantom device an op runs on and rejects mixed devices.
+class DeviceChecker {
+ public:
+  explicit DeviceChecker(const c10::OperatorHandle& op) : op_(op) {}
+
+  void visit(const at::Tensor& tensor, bool host_indices_allowed) {
+    if (!tensor.defined()) {
+      return;
+    }
+    const c10::Device device = tensor.device();
+    if (device.type() == c10::DeviceType::PrivateUse1) {
+      if (!device_) {
+        device_ = device;
+      } else if (*device_ != device) {
+        fail(*device_, device);
+      }
+      return;
+    }
+    if (device.is_cpu() && (tensor.dim() == 0 || host_indices_allowed)) {
+      return;  // CPU scalars are values, not memory on another device
+    }
+    other_ = device;
+  }
+
+  void visitDevice(const c10::Device& device) {
+    if (device.type() == c10::DeviceType::PrivateUse1 && !device_) {
+      device_ = device;
+    }
+  }
+
+  c10::Device result() const {
+    TORCH_CHECK(device_.has_value(), op_.schema().name(),
+                " was dispatched to phantom but has no phantom tensor or "
+                "device argument");
+    if (other_) {
+      fail(*device_, *other_);
+    }
+    return *device_;
+  }
+
+ private:
+  [[noreturn]] void fail(const c10::Device& a, const c10::Device& b) const {
+    TORCH_CHECK(false,
+                "Expected all tensors to be on the same device, but found at "
+                "least two devices, ", a, " and ", b, " (in ",
+                op_.schema().name(),
+                "). Move them to one device first, e.g. with tensor.to(\"", a,
+                "\")");
+  }
+
+  const c10::OperatorHandle& op_;
+  std::optional<c10::Device> device_;
+  std::optional<c10::Device> other_;
+};
+
+c10::Device findDevice(const c10::OperatorHandle& op,
+                       c10::ArrayRef<c10::IValue> args) {
+  DeviceChecker checker(op);
+  const bool host_indices = acceptsHostIndices(op.operator_name());
+  const auto& schema_args = op.schema().arguments();
+  for (size_t i = 0; i < args.size(); ++i) {
+    const c10::IValue& arg = args[i];
+    const bool indices = host_indices && schema_args[i].name() == "indices";
+    if (arg.isTensor()) {
+      checker.visit(arg.toTensor(), indices);
+    } else if (arg.isTensorList()) {
+      for (const at::Tensor& t : arg.toTensorList()) {
+        checker.visit(t, indices);
+      }
+    } else if (arg.isOptionalTensorList()) {
+      for (const std::optional<at::Tensor>& t : arg.toOptionalTensorList()) {
+        if (t.has_value()) {
+          checker.visit(*t, indices);
+        }
+      }
+    } else if (arg.isDevice()) {
+      checker.visitDevice(arg.toDevice());
+    }
+  }
+  return checker.result();
+}
+
+bool isGeneratorArgument(const c10::Argument& argument) {
+  const c10::TypePtr& type = argument.type();
+  if (type->kind() == c10::TypeKind::GeneratorType) {
+    return true;
+  }
+  const auto optional = type->cast<c10::OptionalType>();
+  return optional &&
+         optional->getElementType()->kind() == c10::TypeKind::GeneratorType;
+}
+
+c10::IValue toKernelArgument(const c10::IValue& arg,
+                             const c10::Argument& schema_arg,
+                             c10::DeviceIndex device, KernelAliases& aliases) {
+  if (isGeneratorArgument(schema_arg)) {
+    std::optional<at::Generator> generator;
+    if (arg.isGenerator()) {
+      generator = arg.toGenerator();
+    }
+    return cpuGeneratorFor(generator, device);
+  }
+  if (arg.isTensor()) {
+    const at::Tensor& tensor = arg.toTensor();
+    return isPhantom(tensor) ? aliases.alias(tensor) : tensor;
+  }
+  if (arg.isTensorList()) {
+    c10::List<at::Tensor> list;
+    for (const at::Tensor& t : arg.toTensorList()) {
+      list.push_back(isPhantom(t) ? aliases.alias(t) : t);
+    }
+    return list;
+  }
+  if (arg.isOptionalTensorList()) {
+    c10::List<std::optional<at::Tensor>> list;
+    for (const std::optional<at::Tensor>& t : arg.toOptionalTensorList()) {
+      if (t.has_value() && isPhantom(*t)) {
+        list.push_back(aliases.alias(*t));
+      } else {
+        list.push_back(t);
+      }
+    }
+    return list;
+  }
+  if (arg.isDevice() && arg.toDevice().type() == c10::DeviceType::PrivateUse1) {
+    return c10::Device(c10::kCPU);
+  }
+  return arg;
+}
+
+// A CPU result becomes a phantom tensor (see the file comment, step 4).
+class ResultMapper {
+ public:
+  ResultMapper(const KernelAliases& aliases,
+               c10::ArrayRef<c10::IValue> phantom_args, c10::Device device)
+      : aliases_(aliases), device_(device) {
+    for (const c10::IValue& arg : phantom_args) {
+      if (arg.isTensor() && isPhantom(arg.toTensor())) {
+        inputs_.push_back(arg.toTensor());
+      } else if (arg.isTensorList()) {
+        for (const at::Tensor& t : arg.toTensorList()) {
+          if (isPhantom(t)) {
+            inputs_.push_back(t);
+          }
+        }
+      }
+    }
+  }
+
+  c10::IValue map(const c10::IValue& result) const {
+    if (result.isTensor()) {
+      return mapTensor(result.toTensor());
+    }
+    if (result.isTensorList()) {
+      c10::List<at::Tensor> list;
+      for (const at::Tensor& t : result.toTensorList()) {
+        list.push_back(mapTensor(t));
+      }
+      return list;
+    }
+    return result;
+  }
+
+ private:
+  at::Tensor mapTensor(const at::Tensor& cpu) const {
+    if (!cpu.defined() || !cpu.device().is_cpu()) {
+      return cpu;
+    }
+    if (const c10::Storage* storage = aliases_.phantomStorageOf(cpu)) {
+      for (const at::Tensor& input : inputs_) {
+        if (input.storage().is_alias_of(*storage) &&
+            input.sizes() == cpu.sizes() && input.strides() == cpu.strides() &&
+            input.storage_offset() == cpu.storage_offset() &&
+            input.dtype() == cpu.dtype()) {
+          return input;  // in-place or out=: the argument itself
+        }
+      }
+      return phantomViewLike(*storage, cpu);
+    }
+    // Memory the CPU kernel allocated: move it to the device.
+    at::Tensor out = cpu.is_non_overlapping_and_dense()
+                         ? at::empty_strided(cpu.sizes(), cpu.strides(),
+                                             cpu.options().device(device_))
+                         : at::empty(cpu.sizes(), cpu.options().device(device_));
+    KernelAliases out_alias;
+    out_alias.alias(out).copy_(cpu);
+    return out;
+  }
+
+  const KernelAliases& aliases_;
+  c10::Device device_;
+  std::vector<at::Tensor> inputs_;
+};
+
+void genericFallback(const c10::OperatorHandle& op, c10::DispatchKeySet,
+                     torch::jit::Stack* stack) {
+  const auto& schema = op.schema();
+  const size_t num_args = schema.arguments().size();
+  const c10::ArrayRef<c10::IValue> args = torch::jit::last(stack, num_args);
+  const c10::Device device = findDevice(op, args);
+  const c10::DeviceGuard guard(device);
+  const PhantomStream stream = getCurrentPhantomStream(device.index());
+
+  std::vector<c10::IValue> results;
+  launchAndWait(stream, schema.name().c_str(), [&] {
+    KernelAliases aliases;
+    torch::jit::Stack kernel_stack;
+    kernel_stack.reserve(num_args);
+    for (size_t i = 0; i < num_args; ++i) {
+      kernel_stack.push_back(toKernelArgument(args[i], schema.arguments()[i],
+                                              device.index(), aliases));
+    }
+    op.callBoxedForDispatchKey(c10::DispatchKey::CPU, kernel_stack);
+    aliases.writeBack();
+    const ResultMapper mapper(aliases, args, device);
+    results.reserve(kernel_stack.size());
+    for (const c10::IValue& result : kernel_stack) {
+      results.push_back(mapper.map(result));
+    }
+  });
+  torch::jit::drop(stack, num_args);
+  for (c10::IValue& result : results) {
+    stack->push_back(std::move(result));
+  }
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&genericFallback>());
+}
+
+}  // namespace phantom

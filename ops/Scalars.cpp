@@ -1,0 +1,63 @@
+// Filling tensors and reading single values back: fill_, zero_ and
+// _local_scalar_dense (behind .item()). fill_ is queued on the current
+// stream and returns at once; reading a value is a sync point, as on any
+// accelerator.
+#include <phantom/Exception.h>
+#include <phantom/Launch.h>
+#include <phantom/Stream.h>
+#include <phantom/ops/KernelAliases.h>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/_local_scalar_dense.h>
+#include <ATen/ops/empty.h>
+#include <c10/core/DeviceGuard.h>
+#include <torch/library.h>
+
+namespace phantom {
+namespace {
+
+at::Tensor& fillScalar(at::Tensor& self, const at::Scalar& value) {
+  const c10::DeviceGuard guard(self.device());
+  launchAsync(getCurrentPhantomStream(self.device().index()), "aten::fill_",
+              [self, value] {
+                KernelAliases aliases;
+                aliases.alias(self).fill_(value);
+              });
+  return self;
+}
+
+at::Tensor& fillTensor(at::Tensor& self, const at::Tensor& value) {
+  TORCH_CHECK(value.dim() == 0,
+              "fill_ only supports a 0-dimension value tensor, but got one "
+              "with ", value.dim(), " dimensions");
+  return fillScalar(self, value.item());
+}
+
+at::Tensor& zero(at::Tensor& self) {
+  return fillScalar(self, 0);
+}
+
+at::Scalar localScalarDense(const at::Tensor& self) {
+  TORCH_CHECK(self.numel() == 1, "a Tensor with ", self.numel(),
+              " elements cannot be converted to Scalar");
+  const c10::DeviceGuard guard(self.device());
+  at::Tensor host = at::empty({}, self.options().device(c10::kCPU));
+  // A copy into pageable memory returns when the value has arrived, after
+  // the stream's earlier work.
+  PHANTOM_CHECK(ph_memcpy_async(
+      host.mutable_data_ptr(), self.const_data_ptr(), self.element_size(),
+      PH_MEMCPY_DEVICE_TO_HOST,
+      getCurrentPhantomStream(self.device().index()).handle()));
+  return at::_local_scalar_dense(host);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("fill_.Scalar", TORCH_FN(fillScalar));
+  m.impl("fill_.Tensor", TORCH_FN(fillTensor));
+  m.impl("zero_", TORCH_FN(zero));
+  m.impl("_local_scalar_dense", TORCH_FN(localScalarDense));
+}
+
+}  // namespace phantom
