@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Every test, from a fresh machine: install, build the package and the
+# GoogleTest suites, run ctest (HAL conformance, fake driver, runtime) and
+# pytest (user-facing behaviour). Exits non-zero if any test fails.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install_deps.sh
+bash scripts/build_python.sh
+
+export CCACHE_NOHASHDIR=true CCACHE_BASEDIR="$PWD"
+cmake -S . -B build/tests -G Ninja -DPHANTOM_BUILD_PYTHON=OFF >/dev/null
+cmake --build build/tests
+
+status=0
+(cd build/tests && ctest --output-on-failure -j2) || status=1
+# Run from the tests folder so the installed package, not the source tree,
+# is what gets imported.
+(cd tests/python && python3 -m pytest -q -p no:cacheprovider .) || status=1
+exit $status

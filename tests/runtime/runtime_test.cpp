@@ -1,0 +1,271 @@
+// The torch runtime as a LibTorch C++ program sees it: backend name, device
+// guard, streams, events, device allocator, generator and host work on
+// streams. ctest runs each test in its own process; the driver reads its
+// settings at first use, after the static initialiser below.
+#include <phantom/DeviceAllocator.h>
+#include <phantom/Launch.h>
+#include <phantom/Stream.h>
+
+#include <ATen/ATen.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/Event.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <chrono>
+#include <thread>
+
+namespace {
+
+using namespace std::chrono_literals;
+
+const bool kSettings = [] {
+  setenv("PHANTOM_DEVICE_COUNT", "2", /*overwrite=*/1);
+  setenv("PHANTOM_DEVICE_MEMORY", "256MiB", /*overwrite=*/1);
+  return true;
+}();
+
+const c10::Device kPhantom0(c10::DeviceType::PrivateUse1, 0);
+const c10::Device kPhantom1(c10::DeviceType::PrivateUse1, 1);
+
+// Blocks a stream until release() is called, so tests can observe work
+// that is still queued or running.
+class StreamBlocker {
+ public:
+  explicit StreamBlocker(const phantom::PhantomStream& stream) {
+    phantom::launchAsync(stream, "test blocker", [this] {
+      started_ = true;
+      while (!released_) {
+        std::this_thread::sleep_for(1ms);
+      }
+    });
+    while (!started_) {
+      std::this_thread::sleep_for(1ms);
+    }
+  }
+  void release() { released_ = true; }
+  ~StreamBlocker() { release(); }
+
+ private:
+  std::atomic<bool> started_{false};
+  std::atomic<bool> released_{false};
+};
+
+int64_t allocatedBytes(c10::DeviceIndex device) {
+  return phantom::deviceAllocator()
+      .getDeviceStats(device)
+      .allocated_bytes[0]
+      .current;
+}
+
+TEST(Backend, IsNamedPhantomAndKeepsPrivateUseOneAlias) {
+  EXPECT_EQ(c10::get_privateuse1_backend(), "phantom");
+  EXPECT_EQ(c10::Device("phantom:1"), kPhantom1);
+  EXPECT_EQ(c10::Device("privateuseone:0"), kPhantom0);
+}
+
+TEST(DeviceGuard, SwitchesAndRestoresTheCurrentDevice) {
+  c10::impl::VirtualGuardImpl impl(c10::DeviceType::PrivateUse1);
+  EXPECT_EQ(impl.deviceCount(), 2);
+  EXPECT_EQ(impl.getDevice(), kPhantom0);
+  {
+    c10::DeviceGuard guard(kPhantom1);
+    EXPECT_EQ(impl.getDevice(), kPhantom1);
+  }
+  EXPECT_EQ(impl.getDevice(), kPhantom0);
+  try {
+    c10::DeviceGuard guard(kPhantom1);
+    throw std::runtime_error("unwind");
+  } catch (const std::runtime_error&) {
+  }
+  EXPECT_EQ(impl.getDevice(), kPhantom0);
+}
+
+TEST(DeviceGuard, RejectsAnOutOfRangeIndexWithAClearMessage) {
+  try {
+    c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, 7));
+    FAIL() << "expected an error";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("out of range"), std::string::npos);
+  }
+  EXPECT_NO_THROW(at::ones({2}, at::device(kPhantom1)));
+}
+
+TEST(Streams, PoolHandsOutDistinctStreamsAndGuardSetsTheCurrentOne) {
+  const auto a = phantom::getStreamFromPool(false, 0);
+  const auto b = phantom::getStreamFromPool(false, 0);
+  const auto high = phantom::getStreamFromPool(true, 0);
+  EXPECT_NE(a, b);
+  EXPECT_EQ(a.priority(), phantom::kLowPriority);
+  EXPECT_EQ(high.priority(), phantom::kHighPriority);
+  EXPECT_EQ(phantom::getCurrentPhantomStream(0),
+            phantom::getDefaultPhantomStream(0));
+  {
+    c10::StreamGuard guard(a.unwrap());
+    EXPECT_EQ(phantom::getCurrentPhantomStream(0), a);
+  }
+  EXPECT_EQ(phantom::getCurrentPhantomStream(0),
+            phantom::getDefaultPhantomStream(0));
+}
+
+TEST(Streams, CurrentStreamIsPerThread) {
+  const auto a = phantom::getStreamFromPool(false, 0);
+  phantom::setCurrentPhantomStream(a);
+  phantom::PhantomStream seen = a;
+  std::thread([&] { seen = phantom::getCurrentPhantomStream(0); }).join();
+  EXPECT_EQ(seen, phantom::getDefaultPhantomStream(0));
+  EXPECT_EQ(phantom::getCurrentPhantomStream(0), a);
+}
+
+TEST(Streams, QueryIsFalseWhileTheLastWorkIsStillRunning) {
+  const auto stream = phantom::getStreamFromPool(false, 0);
+  StreamBlocker blocker(stream);
+  EXPECT_FALSE(stream.query());
+  blocker.release();
+  stream.synchronize();
+  EXPECT_TRUE(stream.query());
+}
+
+TEST(Streams, OpsAreQueuedOnTheCurrentStreamAndReturnBeforeTheyRun) {
+  const auto stream = phantom::getStreamFromPool(false, 0);
+  c10::StreamGuard guard(stream.unwrap());
+  at::Tensor x = at::zeros({1024}, at::device(kPhantom0));
+  stream.synchronize();
+  StreamBlocker blocker(stream);
+  x.fill_(3);  // queued behind the blocker: the host must not wait
+  EXPECT_FALSE(stream.query());
+  blocker.release();
+  EXPECT_EQ(x.sum().item<float>(), 3 * 1024);
+}
+
+TEST(Events, WaitOrdersWorkAcrossStreams) {
+  const auto producer = phantom::getStreamFromPool(false, 0);
+  const auto consumer = phantom::getStreamFromPool(false, 0);
+  at::Tensor x = at::zeros({16}, at::device(kPhantom0));
+  at::Tensor y;
+  {
+    c10::StreamGuard guard(producer.unwrap());
+    StreamBlocker blocker(producer);
+    x.fill_(5);  // runs only after the blocker
+    c10::Event done(c10::DeviceType::PrivateUse1);
+    done.record(producer.unwrap());
+    EXPECT_FALSE(done.query());
+    done.block(consumer.unwrap());
+    c10::StreamGuard consumer_guard(consumer.unwrap());
+    y = at::empty({16}, at::device(kPhantom0));
+    y.copy_(x);  // queued on the consumer, after the wait
+    EXPECT_FALSE(consumer.query());
+    blocker.release();
+    consumer.synchronize();
+    EXPECT_TRUE(done.query());
+  }
+  EXPECT_TRUE(at::equal(y.cpu(), at::full({16}, 5.0)));
+}
+
+TEST(Events, ElapsedTimeNeedsTimingAndMeasuresQueuedWork) {
+  const auto stream = phantom::getStreamFromPool(false, 0);
+  c10::Event start(c10::DeviceType::PrivateUse1, c10::EventFlag::BACKEND_DEFAULT);
+  c10::Event end(c10::DeviceType::PrivateUse1, c10::EventFlag::BACKEND_DEFAULT);
+  start.record(stream.unwrap());
+  phantom::launchAsync(stream, "sleep", [] { std::this_thread::sleep_for(20ms); });
+  end.record(stream.unwrap());
+  end.synchronize();
+  EXPECT_GE(start.elapsedTime(end), 15.0);
+
+  c10::Event untimed(c10::DeviceType::PrivateUse1);
+  untimed.record(stream.unwrap());
+  untimed.synchronize();
+  EXPECT_THROW(start.elapsedTime(untimed), c10::Error);
+}
+
+TEST(Launch, AnExceptionInAsyncWorkIsStickyAndNamesTheWork) {
+  const auto stream = phantom::getStreamFromPool(false, 1);
+  phantom::launchAsync(stream, "exploding kernel",
+                       [] { throw std::runtime_error("boom"); });
+  try {
+    stream.synchronize();
+    FAIL() << "expected the work's error";
+  } catch (const c10::AcceleratorError& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("exploding kernel"), std::string::npos) << message;
+    EXPECT_NE(message.find("boom"), std::string::npos) << message;
+  }
+  EXPECT_THROW(stream.query(), c10::AcceleratorError);
+  // Other streams are unaffected.
+  EXPECT_NO_THROW(phantom::getStreamFromPool(false, 1).synchronize());
+}
+
+TEST(Launch, AnExceptionInWaitedWorkIsRethrownAndTheStreamGoesOn) {
+  const auto stream = phantom::getStreamFromPool(false, 0);
+  EXPECT_THROW(phantom::launchAndWait(stream, "bad shape",
+                                      [] { TORCH_CHECK_INDEX(false, "idx"); }),
+               c10::IndexError);
+  bool ran = false;
+  phantom::launchAndWait(stream, "fine", [&] { ran = true; });
+  EXPECT_TRUE(ran);
+}
+
+TEST(Allocator, IsTheDeviceAllocatorAndAccountsEveryByte) {
+  c10::DeviceAllocator* allocator =
+      c10::getDeviceAllocator(c10::DeviceType::PrivateUse1);
+  EXPECT_EQ(allocator, &phantom::deviceAllocator());
+  const int64_t before = allocatedBytes(1);
+  {
+    at::Tensor x = at::empty({1000}, at::device(kPhantom1));
+    EXPECT_EQ(allocatedBytes(1), before + 4000);
+    auto [free_bytes, total] = allocator->getMemoryInfo(1);
+    EXPECT_EQ(total, 256u << 20);
+    EXPECT_LT(free_bytes, total);
+  }
+  EXPECT_EQ(allocatedBytes(1), before);
+}
+
+TEST(Allocator, OutOfMemoryIsTypedCarriesTheAccountingAndIsRecoverable) {
+  const int64_t before = allocatedBytes(0);
+  try {
+    at::empty({512 << 20}, at::device(kPhantom0));  // 2 GiB of float
+    FAIL() << "expected out of memory";
+  } catch (const c10::OutOfMemoryError& e) {
+    const std::string message = e.what();
+    for (const char* part : {"tried to allocate", "capacity", "allocated",
+                             "reserved", "free", "PHANTOM_DEVICE_MEMORY"}) {
+      EXPECT_NE(message.find(part), std::string::npos) << part << ": " << message;
+    }
+  }
+  EXPECT_EQ(allocatedBytes(0), before);
+  EXPECT_NO_THROW(at::empty({1 << 20}, at::device(kPhantom0)));
+}
+
+TEST(Allocator, MemoryReleasedByDeviceWorkIsFreedWithoutDeadlock) {
+  const auto stream = phantom::getStreamFromPool(false, 0);
+  const int64_t before = allocatedBytes(0);
+  {
+    at::Tensor x = at::empty({4096}, at::device(kPhantom0));
+    // The work holds the last reference: it is dropped on the worker.
+    phantom::launchAsync(stream, "hold", [x] {});
+  }
+  stream.synchronize();
+  phantom::deviceAllocator().emptyCache();
+  EXPECT_EQ(allocatedBytes(0), before);
+}
+
+TEST(Generator, SameSeedDrawsTheCpuNumbers) {
+  at::manual_seed(42);  // seeds CPU and every phantom device
+  at::Tensor cpu = at::randn({64});
+  at::manual_seed(42);
+  at::Tensor phantom = at::randn({64}, at::device(kPhantom1));
+  EXPECT_TRUE(at::equal(phantom.cpu(), cpu));
+}
+
+TEST(Ops, ComputeOnTheDeviceAndMatchTheCpu) {
+  at::Tensor a = at::randn({8, 16});
+  at::Tensor b = at::randn({16, 4});
+  at::Tensor result = at::relu(at::mm(a.to(kPhantom0), b.to(kPhantom0)) + 1);
+  EXPECT_EQ(result.device(), kPhantom0);
+  EXPECT_TRUE(at::allclose(result.cpu(), at::relu(at::mm(a, b) + 1)));
+}
+
+}  // namespace
