@@ -71,6 +71,10 @@ typedef enum ph_status {
   PH_ERROR_UNIMPLEMENTED = 7,
   /* The driver could not start: bad configuration or no devices. */
   PH_ERROR_NOT_INITIALIZED = 8,
+  /* Not a status: makes every int a valid value of the type, so a C++
+   * driver may inspect a value a C caller passed (e.g. to
+   * ph_status_name) without undefined behaviour. */
+  PH_STATUS_MAX_ENUM = 0x7fffffff,
 } ph_status_t;
 
 /* A static, human-readable name for a status ("PH_ERROR_OUT_OF_MEMORY").
@@ -245,6 +249,9 @@ typedef enum ph_memcpy_kind {
   PH_MEMCPY_HOST_TO_DEVICE = 1,
   PH_MEMCPY_DEVICE_TO_HOST = 2,
   PH_MEMCPY_DEVICE_TO_DEVICE = 3, /* also between two devices */
+  /* Not a kind: keeps out-of-range values well-defined (see
+   * PH_STATUS_MAX_ENUM); they are refused with PH_ERROR_INVALID_ARGUMENT. */
+  PH_MEMCPY_KIND_MAX_ENUM = 0x7fffffff,
 } ph_memcpy_kind_t;
 
 /* Copies `size` bytes and returns when the copy is complete. Not ordered

@@ -1,0 +1,189 @@
+// Per-device memfd arenas; see device_memory.h for the memory model.
+#include "device_memory.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+
+#include "config.h"
+#include "errors.h"
+#include "fault_handler.h"
+
+namespace phantom::fake {
+namespace {
+
+std::string Hex(uintptr_t value) {
+  char buffer[32];
+  std::snprintf(buffer, sizeof buffer, "0x%zx", static_cast<size_t>(value));
+  return buffer;
+}
+
+// "64.00 MiB (67108864 bytes)", or "300 bytes" below 1 KiB.
+std::string BytesForPeople(size_t bytes) {
+  if (bytes < 1024) return std::to_string(bytes) + " bytes";
+  return FormatBytes(bytes) + " (" + std::to_string(bytes) + " bytes)";
+}
+
+size_t PageSize() {
+  static const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  return page;
+}
+
+}  // namespace
+
+DeviceMemory::DeviceMemory(int device, size_t capacity)
+    : device_(device), capacity_(capacity), allocator_(capacity) {}
+
+ph_status_t DeviceMemory::EnsureMappedLocked() {
+  if (base_ != 0) return PH_SUCCESS;
+  const std::string name = "phantom-device-" + std::to_string(device_);
+  auto fail = [&](const char* step) {
+    const int error = errno;
+    return Fail(PH_ERROR_OUT_OF_MEMORY,
+                "phantom device " + std::to_string(device_) +
+                    " could not reserve its " + FormatBytes(capacity_) +
+                    " of memory (" + step + ": " + std::strerror(error) +
+                    "); lower PHANTOM_DEVICE_MEMORY or PHANTOM_DEVICE_COUNT");
+  };
+  const int fd = memfd_create(name.c_str(), MFD_CLOEXEC);
+  if (fd < 0) return fail("memfd_create");
+  if (ftruncate(fd, static_cast<off_t>(capacity_)) != 0) {
+    ph_status_t status = fail("ftruncate");
+    close(fd);
+    return status;
+  }
+  void* base = mmap(nullptr, capacity_, PROT_NONE, MAP_SHARED | MAP_NORESERVE,
+                    fd, 0);
+  if (base == MAP_FAILED) {
+    ph_status_t status = fail("mmap of the device range");
+    close(fd);
+    return status;
+  }
+  void* view = mmap(nullptr, capacity_, PROT_READ | PROT_WRITE,
+                    MAP_SHARED | MAP_NORESERVE, fd, 0);
+  if (view == MAP_FAILED) {
+    ph_status_t status = fail("mmap of the kernel view");
+    munmap(base, capacity_);
+    close(fd);
+    return status;
+  }
+  fd_ = fd;
+  base_ = reinterpret_cast<uintptr_t>(base);
+  view_ = reinterpret_cast<uintptr_t>(view);
+  PublishDeviceRange(device_, base_, capacity_, view_);
+  return PH_SUCCESS;
+}
+
+ph_status_t DeviceMemory::Allocate(size_t size, void** out_ptr) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const ph_status_t mapped = EnsureMappedLocked();
+  if (mapped != PH_SUCCESS) return mapped;
+  size_t offset = 0;
+  if (!allocator_.Allocate(size, &offset)) {
+    const size_t free_bytes = capacity_ - allocator_.allocated();
+    return Fail(PH_ERROR_OUT_OF_MEMORY,
+                "phantom device " + std::to_string(device_) +
+                    " is out of memory: tried to allocate " +
+                    BytesForPeople(size) + "; capacity " +
+                    BytesForPeople(capacity_) + ", " +
+                    BytesForPeople(free_bytes) + " free, largest free range " +
+                    BytesForPeople(allocator_.largest_free()) +
+                    " (PHANTOM_DEVICE_MEMORY sets the capacity)");
+  }
+  *out_ptr = reinterpret_cast<void*>(base_ + offset);
+  return PH_SUCCESS;
+}
+
+ph_status_t DeviceMemory::Free(uintptr_t address) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const size_t offset = address - base_;
+  RangeAllocator::Block block;
+  if (!allocator_.Free(offset, &block)) {
+    if (allocator_.Find(offset, &block)) {
+      return Fail(PH_ERROR_INVALID_HANDLE,
+                  "ph_free: " + Hex(address) +
+                      " points inside the allocation starting at " +
+                      Hex(base_ + block.offset) + " on phantom device " +
+                      std::to_string(device_) +
+                      "; pass the pointer ph_malloc returned");
+    }
+    return Fail(PH_ERROR_INVALID_HANDLE,
+                "ph_free: " + Hex(address) +
+                    " is not a live allocation on phantom device " +
+                    std::to_string(device_) + " (already freed?)");
+  }
+  if (block.rounded_size >= kPunchHoleThreshold) {
+    const size_t page = PageSize();
+    const size_t start = (block.offset + page - 1) / page * page;
+    const size_t end = (block.offset + block.rounded_size) / page * page;
+    if (end > start) {
+      // Failure only means the pages stay resident; the free still holds.
+      (void)fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                      static_cast<off_t>(start),
+                      static_cast<off_t>(end - start));
+    }
+  }
+  return PH_SUCCESS;
+}
+
+void DeviceMemory::Lookup(uintptr_t address, DeviceAddressInfo* info) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  RangeAllocator::Block block;
+  if (base_ == 0 || !allocator_.Find(address - base_, &block)) return;
+  info->live = true;
+  info->base = base_ + block.offset;
+  info->size = block.size;
+}
+
+void DeviceMemory::GetInfo(size_t* out_free, size_t* out_total) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  *out_free = capacity_ - allocator_.allocated();
+  *out_total = capacity_;
+}
+
+size_t DeviceMemory::ResidentBytes() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (fd_ < 0) return 0;
+  struct stat status = {};
+  if (fstat(fd_, &status) != 0) return 0;
+  return static_cast<size_t>(status.st_blocks) * 512;
+}
+
+DeviceMemory& GetDeviceMemory(int device) {
+  // Leaked on purpose: mappings must outlive every thread that may still
+  // touch device memory while the process exits.
+  static DeviceMemory** devices = [] {
+    const Config& config = GetConfig();
+    auto** table = new DeviceMemory*[kMaxDevices]();
+    for (int i = 0; i < config.device_count; ++i) {
+      table[i] = new DeviceMemory(i, config.device_memory);
+    }
+    return table;
+  }();
+  return *devices[device];
+}
+
+DeviceAddressInfo LookupDeviceAddress(const void* address) {
+  DeviceAddressInfo info;
+  const uintptr_t value = reinterpret_cast<uintptr_t>(address);
+  info.device = DeviceOfAddress(value);
+  if (info.device >= 0) GetDeviceMemory(info.device).Lookup(value, &info);
+  return info;
+}
+
+void* KernelViewOf(const void* address) {
+  const uintptr_t value = reinterpret_cast<uintptr_t>(address);
+  const int device = DeviceOfAddress(value);
+  if (device < 0) return nullptr;
+  return reinterpret_cast<void*>(DeviceViewBase(device) +
+                                 (value - DeviceRangeBase(device)));
+}
+
+}  // namespace phantom::fake

@@ -1,0 +1,88 @@
+// Device memory: one arena per device, backed by a memfd mapped twice.
+//
+// Each device owns a memfd of `capacity` bytes (sparse: ftruncate only, so
+// untouched memory costs nothing). It is mapped twice, MAP_SHARED:
+//   - PROT_NONE: these addresses are the device pointers ph_malloc returns.
+//     Host code that dereferences one faults (see fault_handler.h).
+//   - PROT_READ|PROT_WRITE: the "kernel view". Work running on a stream and
+//     the copy engine reach device byte d at view + (d - base).
+// Both mappings alias the same pages, so no protection is ever toggled and
+// concurrent threads see one consistent memory. The arena is mapped lazily
+// at the first allocation on the device, so an unused device costs no
+// address space; once mapped it stays mapped for the life of the process
+// (device pointers must never be reused for host memory).
+//
+// Sub-allocation is a RangeAllocator (best fit, coalescing). Freeing a block
+// of at least kPunchHoleThreshold punches a hole in the memfd over the
+// block's page-aligned interior, returning the pages to the OS the way
+// freeing device memory on hardware makes it available again.
+//
+// Locking: one mutex per device guards its allocator and lazy mapping. It is
+// held only for bookkeeping (and the hole punch, so the range cannot be
+// re-allocated and written before the punch lands); copies never hold it.
+#ifndef PHANTOM_FAKE_DEVICE_MEMORY_H_
+#define PHANTOM_FAKE_DEVICE_MEMORY_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+
+#include "phantom/hal.h"
+#include "range_allocator.h"
+
+namespace phantom::fake {
+
+constexpr size_t kPunchHoleThreshold = size_t{2} << 20;  // 2 MiB
+
+// Where a device address lies.
+struct DeviceAddressInfo {
+  int device = -1;       // -1: not in any device's range
+  bool live = false;     // inside a live allocation
+  uintptr_t base = 0;    // start of that allocation
+  size_t size = 0;       // its requested size
+};
+
+class DeviceMemory {
+ public:
+  DeviceMemory(int device, size_t capacity);
+  DeviceMemory(const DeviceMemory&) = delete;
+  DeviceMemory& operator=(const DeviceMemory&) = delete;
+
+  // ph_malloc semantics (size > 0). Sets the last error on failure.
+  ph_status_t Allocate(size_t size, void** out_ptr);
+  // ph_free semantics for an address in this device's range.
+  ph_status_t Free(uintptr_t address);
+  // Fills the allocation fields of *info for an address in this device.
+  void Lookup(uintptr_t address, DeviceAddressInfo* info);
+  // Bytes not reserved by live allocations, and the capacity.
+  void GetInfo(size_t* out_free, size_t* out_total);
+  // Bytes of the memfd actually backed by pages (for tests of hole punching).
+  size_t ResidentBytes();
+
+ private:
+  ph_status_t EnsureMappedLocked();
+
+  const int device_;
+  const size_t capacity_;
+  std::mutex mutex_;  // guards everything below
+  RangeAllocator allocator_;
+  int fd_ = -1;
+  uintptr_t base_ = 0;  // PROT_NONE mapping, 0 until mapped
+  uintptr_t view_ = 0;  // read-write mapping
+};
+
+// Device `device` (0 <= device < configured count). The objects live for the
+// whole process.
+DeviceMemory& GetDeviceMemory(int device);
+
+// Classifies a device address without taking any lock if it is not device
+// memory; takes the owning device's lock to resolve the allocation.
+DeviceAddressInfo LookupDeviceAddress(const void* address);
+
+// The kernel-view address of device address `address` (which must lie in a
+// mapped device range). Pure arithmetic, lock-free.
+void* KernelViewOf(const void* address);
+
+}  // namespace phantom::fake
+
+#endif  // PHANTOM_FAKE_DEVICE_MEMORY_H_

@@ -1,0 +1,320 @@
+// Tests of the fake driver's own machinery, below what hal.h promises:
+// environment parsing, the offset allocator, the two-mapping memory model,
+// the fault handler, hole punching and process exit with live streams.
+// Links the driver's objects directly, so private headers are fair game.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <string>
+#include <thread>
+
+#include "config.h"
+#include "device_memory.h"
+#include "phantom/hal.h"
+#include "range_allocator.h"
+
+namespace phantom::fake {
+namespace {
+
+#define ASSERT_PH_OK(expr)                                              \
+  if (const ph_status_t ph_status_ = (expr); false) {                   \
+  } else                                                                \
+    ASSERT_EQ(ph_status_, PH_SUCCESS) << ph_last_error_message()
+
+/* ---- Configuration ----------------------------------------------------- */
+
+TEST(Config, DeviceCountAcceptsWholeNumbersUpTo64) {
+  std::string error;
+  int count = -1;
+  for (auto [text, expected] : {std::pair{"0", 0}, {"2", 2}, {"064", 64}}) {
+    EXPECT_TRUE(ParseDeviceCount(text, &count, &error)) << text;
+    EXPECT_EQ(count, expected);
+  }
+  for (const char* text : {"abc", "", "-1", "65", "+2", "2 ", " 2", "1.5",
+                           "99999999999999999999999"}) {
+    EXPECT_FALSE(ParseDeviceCount(text, &count, &error)) << text;
+    EXPECT_NE(error.find(std::string("PHANTOM_DEVICE_COUNT='") + text + "'"),
+              std::string::npos);
+  }
+  ParseDeviceCount("abc", &count, &error);
+  EXPECT_EQ(error,
+            "PHANTOM_DEVICE_COUNT='abc' is not a whole number from 0 to 64; "
+            "unset it or set e.g. PHANTOM_DEVICE_COUNT=2");
+}
+
+TEST(Config, DeviceMemoryAcceptsBytesAndBinarySuffixes) {
+  std::string error;
+  size_t bytes = 0;
+  const std::pair<const char*, size_t> valid[] = {
+      {"1048576", kMiB},      {"512MiB", 512 * kMiB}, {"4G", 4 * kGiB},
+      {"4GB", 4 * kGiB},      {"4gib", 4 * kGiB},     {"1T", kTiB},
+      {"1024K", kMiB},        {"1024KiB", kMiB},      {"1M", kMiB},
+      {"1TiB", kTiB}};
+  for (auto [text, expected] : valid) {
+    EXPECT_TRUE(ParseDeviceMemory(text, &bytes, &error)) << text << error;
+    EXPECT_EQ(bytes, expected) << text;
+  }
+  for (const char* text :
+       {"", "abc", "1048575", "1023K", "2T", "4X", "4GiBs", "4 G", "G", "-1G",
+        "4iB", "99999999999999999999T", "18014398509481984K"}) {
+    EXPECT_FALSE(ParseDeviceMemory(text, &bytes, &error)) << text;
+    EXPECT_NE(error.find("PHANTOM_DEVICE_MEMORY='"), std::string::npos);
+  }
+}
+
+TEST(Config, InvalidValueStopsTheDriverAndEmptyMeansUnset) {
+  Config config = MakeConfig(nullptr, nullptr);
+  EXPECT_TRUE(config.ok);
+  EXPECT_EQ(config.device_count, 2);
+  EXPECT_EQ(config.device_memory, 8 * kGiB);
+  config = MakeConfig("", "");
+  EXPECT_TRUE(config.ok);
+  config = MakeConfig("3", "16M");
+  EXPECT_TRUE(config.ok);
+  EXPECT_EQ(config.device_count, 3);
+  EXPECT_EQ(config.device_memory, 16 * kMiB);
+  config = MakeConfig("3", "lots");
+  EXPECT_FALSE(config.ok);
+  EXPECT_EQ(config.device_count, 0);
+  EXPECT_NE(config.error.find("PHANTOM_DEVICE_MEMORY='lots'"),
+            std::string::npos);
+}
+
+// The whole process refuses to start on a bad value (checked in a fresh
+// child, since the environment is read once per process).
+TEST(Config, BadMemoryValueMakesEveryCallNotInitialized) {
+  setenv("PHANTOM_DEVICE_MEMORY", "12 parsecs", 1);
+  EXPECT_EXIT(
+      {
+        int count = 5;
+        size_t free_bytes = 0;
+        size_t total = 0;
+        const bool ok =
+            ph_device_count(&count) == PH_ERROR_NOT_INITIALIZED &&
+            count == 0 &&
+            ph_mem_get_info(0, &free_bytes, &total) ==
+                PH_ERROR_NOT_INITIALIZED;
+        fprintf(stderr, "%s\n", ph_last_error_message());
+        _exit(ok ? 0 : 1);
+      },
+      ::testing::ExitedWithCode(0), "PHANTOM_DEVICE_MEMORY='12 parsecs'");
+  setenv("PHANTOM_DEVICE_MEMORY", "64MiB", 1);
+}
+
+TEST(Config, ZeroDevicesIsAValidConfiguration) {
+  setenv("PHANTOM_DEVICE_COUNT", "0", 1);
+  EXPECT_EXIT(
+      {
+        int count = 5;
+        void* ptr = nullptr;
+        const bool ok = ph_device_count(&count) == PH_SUCCESS && count == 0 &&
+                        ph_malloc(0, 16, &ptr) == PH_ERROR_INVALID_DEVICE;
+        _exit(ok ? 0 : 1);
+      },
+      ::testing::ExitedWithCode(0), "");
+  setenv("PHANTOM_DEVICE_COUNT", "2", 1);
+}
+
+/* ---- Offset allocator -------------------------------------------------- */
+
+TEST(RangeAllocator, FreedNeighboursCoalesceIntoOneRange) {
+  RangeAllocator allocator(3 * 4096);
+  size_t a = 0;
+  size_t b = 0;
+  size_t c = 0;
+  ASSERT_TRUE(allocator.Allocate(4096, &a));
+  ASSERT_TRUE(allocator.Allocate(4096, &b));
+  ASSERT_TRUE(allocator.Allocate(4096, &c));
+  size_t none = 0;
+  EXPECT_FALSE(allocator.Allocate(1, &none));
+  RangeAllocator::Block block;
+  ASSERT_TRUE(allocator.Free(b, &block));  // middle first: no neighbour free
+  ASSERT_TRUE(allocator.Free(a, &block));  // merges with b's range
+  ASSERT_TRUE(allocator.Free(c, &block));  // merges on the left
+  EXPECT_EQ(allocator.free_range_count(), 1u);
+  EXPECT_EQ(allocator.allocated(), 0u);
+  size_t whole = 1;
+  ASSERT_TRUE(allocator.Allocate(3 * 4096, &whole));
+  EXPECT_EQ(whole, 0u);
+}
+
+TEST(RangeAllocator, BestFitPicksTheSmallestHoleThatFits) {
+  RangeAllocator allocator(64 * 1024);
+  size_t offsets[6];
+  const size_t sizes[6] = {8192, 512, 2048, 512, 4096, 512};
+  for (int i = 0; i < 6; ++i) ASSERT_TRUE(allocator.Allocate(sizes[i], &offsets[i]));
+  RangeAllocator::Block block;
+  ASSERT_TRUE(allocator.Free(offsets[0], &block));  // 8 KiB hole
+  ASSERT_TRUE(allocator.Free(offsets[2], &block));  // 2 KiB hole
+  ASSERT_TRUE(allocator.Free(offsets[4], &block));  // 4 KiB hole
+  size_t got = 0;
+  ASSERT_TRUE(allocator.Allocate(1500, &got));
+  EXPECT_EQ(got, offsets[2]);
+  ASSERT_TRUE(allocator.Allocate(3000, &got));
+  EXPECT_EQ(got, offsets[4]);
+}
+
+TEST(RangeAllocator, RoundsToGranulesAndRefusesNonStarts) {
+  RangeAllocator allocator(1 << 20);
+  size_t offset = 0;
+  size_t second = 0;
+  ASSERT_TRUE(allocator.Allocate(1, &offset));
+  ASSERT_TRUE(allocator.Allocate(1, &second));
+  EXPECT_EQ(second - offset, RangeAllocator::kGranule);
+  EXPECT_EQ(allocator.allocated(), 2 * RangeAllocator::kGranule);
+  RangeAllocator::Block block;
+  EXPECT_FALSE(allocator.Free(offset + 8, &block));
+  ASSERT_TRUE(allocator.Find(offset + 8, &block));
+  EXPECT_EQ(block.offset, offset);
+  EXPECT_EQ(block.size, 1u);
+  ASSERT_TRUE(allocator.Free(offset, &block));
+  EXPECT_FALSE(allocator.Free(offset, &block));
+  EXPECT_FALSE(allocator.Find(offset, &block));
+  EXPECT_FALSE(allocator.Allocate(0, &offset));
+  EXPECT_FALSE(allocator.Allocate(2 << 20, &offset));
+}
+
+/* ---- Memory model ------------------------------------------------------ */
+
+TEST(MemoryModel, KernelViewAliasesDeviceMemory) {
+  void* device = nullptr;
+  ASSERT_PH_OK(ph_malloc(0, 4096, &device));
+  const char text[] = "written through the device address";
+  ASSERT_PH_OK(ph_memcpy(device, text, sizeof text, PH_MEMCPY_HOST_TO_DEVICE));
+  const char* view = static_cast<const char*>(KernelViewOf(device));
+  ASSERT_NE(view, nullptr);
+  EXPECT_NE(static_cast<const void*>(view), device);
+  EXPECT_STREQ(view, text);
+  ASSERT_PH_OK(ph_free(device));
+}
+
+TEST(MemoryModel, FreeingALargeBlockReturnsPagesToTheOs) {
+  constexpr size_t kSize = 16 << 20;
+  void* device = nullptr;
+  ASSERT_PH_OK(ph_malloc(1, kSize, &device));
+  DeviceMemory& memory = GetDeviceMemory(1);
+  const size_t before = memory.ResidentBytes();
+  std::memset(KernelViewOf(device), 1, kSize);  // touch every page
+  const size_t touched = memory.ResidentBytes();
+  EXPECT_GE(touched, before + kSize);
+  ASSERT_PH_OK(ph_free(device));
+  EXPECT_LE(memory.ResidentBytes(), touched - kSize);
+}
+
+TEST(MemoryModel, SmallBlocksAreNotPunched) {
+  void* device = nullptr;
+  ASSERT_PH_OK(ph_malloc(1, 64 * 1024, &device));
+  DeviceMemory& memory = GetDeviceMemory(1);
+  std::memset(KernelViewOf(device), 1, 64 * 1024);
+  const size_t touched = memory.ResidentBytes();
+  ASSERT_PH_OK(ph_free(device));
+  EXPECT_EQ(memory.ResidentBytes(), touched) << "small frees keep their pages";
+}
+
+/* ---- Fault handler ----------------------------------------------------- */
+
+TEST(FaultHandlerDeathTest, HostReadOfDeviceMemoryExplainsItself) {
+  EXPECT_EXIT(
+      {
+        void* device = nullptr;
+        ph_malloc(0, 256, &device);
+        volatile char value = *static_cast<volatile char*>(device);
+        (void)value;
+      },
+      ::testing::KilledBySignal(SIGSEGV),
+      "host code touched device memory at 0x[0-9a-f]+ \\(phantom device 0\\)"
+      ".*copy the tensor to the host");
+}
+
+TEST(FaultHandlerDeathTest, HostWriteOnSecondDeviceNamesIt) {
+  EXPECT_EXIT(
+      {
+        void* device = nullptr;
+        ph_malloc(1, 256, &device);
+        *static_cast<volatile char*>(device) = 1;
+      },
+      ::testing::KilledBySignal(SIGSEGV), "device memory.*phantom device 1");
+}
+
+void ChainedHandler(int) {
+  const char message[] = "previous handler ran\n";
+  ssize_t ignored = write(STDERR_FILENO, message, sizeof message - 1);
+  (void)ignored;
+  _exit(42);
+}
+
+TEST(FaultHandlerDeathTest, OtherFaultsReachThePreviousHandler) {
+  EXPECT_EXIT(
+      {
+        // Runs in a fresh process: our handler is installed first, then
+        // the driver maps a device and installs its own on top.
+        signal(SIGSEGV, ChainedHandler);
+        void* device = nullptr;
+        ph_malloc(0, 256, &device);
+        void* page = mmap(nullptr, 4096, PROT_NONE,
+                          MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        *static_cast<volatile char*>(page) = 1;
+      },
+      ::testing::ExitedWithCode(42), "previous handler ran");
+}
+
+// Killed by SIGSEGV normally; under a sanitizer, whose handler was there
+// first and so is chained to, an error exit instead.
+bool DiedAbnormally(int status) {
+  return WIFSIGNALED(status) || (WIFEXITED(status) && WEXITSTATUS(status) != 0);
+}
+
+TEST(FaultHandlerDeathTest, OtherFaultsWithDefaultActionStillCrash) {
+  EXPECT_EXIT(
+      {
+        void* device = nullptr;
+        ph_malloc(0, 256, &device);
+        void* page = mmap(nullptr, 4096, PROT_NONE,
+                          MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        *static_cast<volatile char*>(page) = 1;
+      },
+      DiedAbnormally, "");
+}
+
+/* ---- Process exit ------------------------------------------------------ */
+
+// Streams alive at exit (even with a worker blocked in user work) must not
+// hang or crash the exit: the driver state is deliberately never destroyed.
+void ExitWithBusyStreams() {
+  ph_stream_t stream = nullptr;
+  ph_stream_create(0, 0, &stream);
+  ph_host_task_t forever = {};
+  forever.name = "forever";
+  forever.run = [](void*, char*, size_t) {
+    for (;;) pause();
+    return PH_SUCCESS;
+  };
+  ph_launch_host_func(stream, &forever);
+  ph_launch_host_func(stream, &forever);
+  ph_stream_t idle = nullptr;
+  ph_stream_create(1, 0, &idle);
+  exit(0);
+}
+
+TEST(ExitDeathTest, ExitWithLiveBusyStreamsDoesNotHang) {
+  EXPECT_EXIT(ExitWithBusyStreams(), ::testing::ExitedWithCode(0), "");
+}
+
+}  // namespace
+}  // namespace phantom::fake
+
+int main(int argc, char** argv) {
+  // Not overwritten: a death-test child re-executes this binary and must
+  // keep the configuration its test arranged.
+  setenv("PHANTOM_DEVICE_COUNT", "2", 0);
+  setenv("PHANTOM_DEVICE_MEMORY", "64MiB", 0);
+  ::testing::InitGoogleTest(&argc, argv);
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  return RUN_ALL_TESTS();
+}

@@ -1,0 +1,1051 @@
+// HAL conformance suite: written against phantom/hal.h alone, so any driver
+// can be run through it (link it in place of phantom_fake; see
+// CMakeLists.txt). Each test states a promise of hal.h and fails if a
+// driver breaks it.
+//
+// Environment: main() asks for 2 devices of 64 MiB unless the environment
+// already says otherwise, so out-of-memory tests are quick. Tests that need
+// two devices skip (with the reason) when only one exists. The only
+// OPTIONAL entry point, ph_kernel_address, is skipped if a driver answers
+// PH_ERROR_UNIMPLEMENTED.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "phantom/hal.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+// Checks a call succeeded, printing the status name and the driver's
+// message otherwise. More context may be streamed in with <<.
+#define PH_CHECK_OK_(check, expr)                                  \
+  if (const ph_status_t ph_status_ = (expr); false) {              \
+  } else                                                           \
+    check(ph_status_, PH_SUCCESS)                                  \
+        << ph_status_name(ph_status_) << ": " << ph_last_error_message() << " "
+#define EXPECT_PH_OK(expr) PH_CHECK_OK_(EXPECT_EQ, expr)
+#define ASSERT_PH_OK(expr) PH_CHECK_OK_(ASSERT_EQ, expr)
+
+// Counts what the driver did with tasks.
+struct TaskProbe {
+  std::atomic<int> runs{0};
+  std::atomic<int> releases{0};
+};
+
+using TaskBody = std::function<ph_status_t(char* error, size_t error_size)>;
+
+struct Closure {
+  TaskBody body;
+  TaskProbe* probe;
+};
+
+ph_status_t RunClosure(void* user_data, char* error, size_t error_size) {
+  auto* closure = static_cast<Closure*>(user_data);
+  if (closure->probe != nullptr) closure->probe->runs++;
+  return closure->body ? closure->body(error, error_size) : PH_SUCCESS;
+}
+
+void ReleaseClosure(void* user_data) {
+  auto* closure = static_cast<Closure*>(user_data);
+  if (closure->probe != nullptr) closure->probe->releases++;
+  delete closure;
+}
+
+// Queues `body` on `stream` as host work named `name`.
+ph_status_t Launch(ph_stream_t stream, const char* name, TaskBody body,
+                   TaskProbe* probe = nullptr) {
+  ph_host_task_t task;
+  task.name = name;
+  task.run = RunClosure;
+  task.release = ReleaseClosure;
+  task.user_data = new Closure{std::move(body), probe};
+  return ph_launch_host_func(stream, &task);
+}
+
+// A barrier the test opens: work that waits on it keeps its stream busy.
+class Gate {
+ public:
+  void Open() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    open_ = true;
+    changed_.notify_all();
+  }
+  void Wait() {
+    entered_ = true;
+    std::unique_lock<std::mutex> lock(mutex_);
+    changed_.wait(lock, [this] { return open_; });
+  }
+  bool entered() const { return entered_; }
+  void WaitEntered() const {
+    while (!entered_) std::this_thread::sleep_for(milliseconds(1));
+  }
+  // Queues a task that blocks `stream` until Open().
+  ph_status_t Block(ph_stream_t stream) {
+    return Launch(stream, "gate", [this](char*, size_t) {
+      Wait();
+      return PH_SUCCESS;
+    });
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  bool open_ = false;
+  std::atomic<bool> entered_{false};
+};
+
+int DeviceCount() {
+  int count = 0;
+  EXPECT_PH_OK(ph_device_count(&count));
+  return count;
+}
+
+size_t FreeBytes(int device) {
+  size_t free_bytes = 0;
+  size_t total = 0;
+  EXPECT_PH_OK(ph_mem_get_info(device, &free_bytes, &total));
+  return free_bytes;
+}
+
+// A stream destroyed at scope exit.
+class ScopedStream {
+ public:
+  explicit ScopedStream(int device = 0, int priority = 0) {
+    EXPECT_PH_OK(ph_stream_create(device, priority, &stream_));
+  }
+  ~ScopedStream() {
+    if (stream_ != nullptr) ph_stream_destroy(stream_);
+  }
+  ph_stream_t get() const { return stream_; }
+  operator ph_stream_t() const { return stream_; }
+
+ private:
+  ph_stream_t stream_ = nullptr;
+};
+
+class ScopedEvent {
+ public:
+  explicit ScopedEvent(unsigned flags = PH_EVENT_DEFAULT) {
+    EXPECT_PH_OK(ph_event_create(flags, &event_));
+  }
+  ~ScopedEvent() { ph_event_destroy(event_); }
+  operator ph_event_t() const { return event_; }
+
+ private:
+  ph_event_t event_ = nullptr;
+};
+
+// Device memory freed at scope exit.
+class DeviceBuffer {
+ public:
+  DeviceBuffer(int device, size_t size) {
+    EXPECT_PH_OK(ph_malloc(device, size, &ptr_));
+  }
+  ~DeviceBuffer() { ph_free(ptr_); }
+  void* get() const { return ptr_; }
+  char* bytes() const { return static_cast<char*>(ptr_); }
+
+ private:
+  void* ptr_ = nullptr;
+};
+
+class PinnedBuffer {
+ public:
+  explicit PinnedBuffer(size_t size) {
+    EXPECT_PH_OK(ph_host_malloc(size, &ptr_));
+  }
+  ~PinnedBuffer() { ph_host_free(ptr_); }
+  char* bytes() const { return static_cast<char*>(ptr_); }
+
+ private:
+  void* ptr_ = nullptr;
+};
+
+std::vector<char> Pattern(size_t size, int seed) {
+  std::vector<char> data(size);
+  for (size_t i = 0; i < size; ++i) data[i] = static_cast<char>(i * 7 + seed);
+  return data;
+}
+
+#define REQUIRE_TWO_DEVICES()                                       \
+  if (DeviceCount() < 2) GTEST_SKIP() << "needs two devices"
+
+/* ---- Status and errors ------------------------------------------------- */
+
+TEST(Status, EveryCodeHasItsName) {
+  EXPECT_STREQ(ph_status_name(PH_SUCCESS), "PH_SUCCESS");
+  EXPECT_STREQ(ph_status_name(PH_NOT_READY), "PH_NOT_READY");
+  EXPECT_STREQ(ph_status_name(PH_ERROR_INVALID_ARGUMENT),
+               "PH_ERROR_INVALID_ARGUMENT");
+  EXPECT_STREQ(ph_status_name(PH_ERROR_INVALID_DEVICE),
+               "PH_ERROR_INVALID_DEVICE");
+  EXPECT_STREQ(ph_status_name(PH_ERROR_INVALID_HANDLE),
+               "PH_ERROR_INVALID_HANDLE");
+  EXPECT_STREQ(ph_status_name(PH_ERROR_OUT_OF_MEMORY),
+               "PH_ERROR_OUT_OF_MEMORY");
+  EXPECT_STREQ(ph_status_name(PH_ERROR_DEVICE), "PH_ERROR_DEVICE");
+  EXPECT_STREQ(ph_status_name(PH_ERROR_UNIMPLEMENTED),
+               "PH_ERROR_UNIMPLEMENTED");
+  EXPECT_STREQ(ph_status_name(PH_ERROR_NOT_INITIALIZED),
+               "PH_ERROR_NOT_INITIALIZED");
+  EXPECT_STREQ(ph_status_name(static_cast<ph_status_t>(12345)),
+               "PH_STATUS_UNKNOWN");
+}
+
+TEST(Status, AbiVersionMatchesHeaderMajor) {
+  EXPECT_EQ(ph_abi_version() / 1000, PH_HAL_ABI_VERSION / 1000);
+}
+
+TEST(Status, LastErrorIsPerThreadAndSurvivesSuccess) {
+  EXPECT_EQ(ph_set_device(-1), PH_ERROR_INVALID_DEVICE);
+  const std::string message = ph_last_error_message();
+  EXPECT_NE(message.find("-1"), std::string::npos) << message;
+  int count = 0;
+  EXPECT_PH_OK(ph_device_count(&count));
+  EXPECT_EQ(ph_last_error_message(), message);  // success leaves it alone
+  std::string other_thread = "unset";
+  std::thread([&] { other_thread = ph_last_error_message(); }).join();
+  EXPECT_EQ(other_thread, "");
+}
+
+/* ---- Devices ----------------------------------------------------------- */
+
+TEST(Device, CountIsPositiveAndNullOutIsRefused) {
+  EXPECT_GE(DeviceCount(), 1);
+  EXPECT_EQ(ph_device_count(nullptr), PH_ERROR_INVALID_ARGUMENT);
+}
+
+TEST(Device, CurrentDeviceIsThreadLocalAndChecked) {
+  REQUIRE_TWO_DEVICES();
+  int device = -1;
+  int other = -1;
+  std::thread([&] { ph_get_device(&other); }).join();
+  EXPECT_EQ(other, 0);
+  ASSERT_PH_OK(ph_set_device(1));
+  ASSERT_PH_OK(ph_get_device(&device));
+  EXPECT_EQ(device, 1);
+  std::thread([&] { ph_get_device(&other); }).join();
+  EXPECT_EQ(other, 0) << "a new thread starts on device 0";
+
+  const int count = DeviceCount();
+  EXPECT_EQ(ph_set_device(count), PH_ERROR_INVALID_DEVICE);
+  EXPECT_NE(std::string(ph_last_error_message()).find("out of range"),
+            std::string::npos);
+  EXPECT_EQ(ph_set_device(-1), PH_ERROR_INVALID_DEVICE);
+  ASSERT_PH_OK(ph_get_device(&device));
+  EXPECT_EQ(device, 1) << "a failed set_device keeps the current device";
+  ASSERT_PH_OK(ph_set_device(0));
+}
+
+TEST(Device, PropertiesDescribeTheDevice) {
+  ph_device_properties_t props;
+  ASSERT_PH_OK(ph_device_get_properties(0, &props));
+  EXPECT_GT(std::strlen(props.name), 0u);
+  EXPECT_LT(std::strlen(props.name), sizeof props.name);
+  size_t free_bytes = 0;
+  size_t total = 0;
+  ASSERT_PH_OK(ph_mem_get_info(0, &free_bytes, &total));
+  EXPECT_EQ(props.total_memory, total);
+  EXPECT_GE(props.multiprocessor_count, 1);
+  EXPECT_LE(props.stream_priority_high, props.stream_priority_low);
+
+  std::memset(&props, 0x5a, sizeof props);
+  EXPECT_EQ(ph_device_get_properties(DeviceCount(), &props),
+            PH_ERROR_INVALID_DEVICE);
+  EXPECT_EQ(props.total_memory, 0u) << "out parameters are cleared";
+  EXPECT_EQ(ph_device_get_properties(0, nullptr), PH_ERROR_INVALID_ARGUMENT);
+}
+
+TEST(Device, SynchronizeWaitsForEveryStreamOfTheDevice) {
+  ScopedStream a(0);
+  ScopedStream b(0);
+  std::atomic<int> finished{0};
+  for (ph_stream_t stream : {a.get(), b.get()}) {
+    ASSERT_PH_OK(Launch(stream, "sleep", [&](char*, size_t) {
+      std::this_thread::sleep_for(milliseconds(30));
+      finished++;
+      return PH_SUCCESS;
+    }));
+  }
+  ASSERT_PH_OK(ph_device_synchronize(0));
+  EXPECT_EQ(finished.load(), 2);
+  EXPECT_EQ(ph_device_synchronize(DeviceCount()), PH_ERROR_INVALID_DEVICE);
+}
+
+TEST(Device, SynchronizeReportsAStickyError) {
+  ScopedStream good(0);
+  ScopedStream bad(0);
+  ASSERT_PH_OK(Launch(bad, "device_sync_failure", [](char* error, size_t n) {
+    std::snprintf(error, n, "boom");
+    return PH_ERROR_DEVICE;
+  }));
+  EXPECT_EQ(ph_device_synchronize(0), PH_ERROR_DEVICE);
+  EXPECT_NE(std::string(ph_last_error_message()).find("device_sync_failure"),
+            std::string::npos);
+}
+
+/* ---- Device memory ----------------------------------------------------- */
+
+TEST(Memory, MallocAlignsAndZeroSizeGivesNull) {
+  void* ptrs[5] = {};
+  const size_t sizes[5] = {1, 3, 255, 1000, 4097};
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_PH_OK(ph_malloc(0, sizes[i], &ptrs[i]));
+    ASSERT_NE(ptrs[i], nullptr);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(ptrs[i]) % 256, 0u);
+  }
+  for (void* ptr : ptrs) EXPECT_PH_OK(ph_free(ptr));
+  void* zero = reinterpret_cast<void*>(1);
+  ASSERT_PH_OK(ph_malloc(0, 0, &zero));
+  EXPECT_EQ(zero, nullptr);
+  EXPECT_PH_OK(ph_free(nullptr));
+}
+
+TEST(Memory, AccountingFollowsAllocations) {
+  const size_t baseline = FreeBytes(0);
+  void* ptr = nullptr;
+  ASSERT_PH_OK(ph_malloc(0, 1 << 20, &ptr));
+  EXPECT_LE(FreeBytes(0), baseline - (1 << 20));
+  ASSERT_PH_OK(ph_free(ptr));
+  EXPECT_EQ(FreeBytes(0), baseline);
+}
+
+TEST(Memory, OutOfMemoryIsReportedAndRecoverable) {
+  size_t free_before = 0;
+  size_t total = 0;
+  ASSERT_PH_OK(ph_mem_get_info(0, &free_before, &total));
+  void* ptr = reinterpret_cast<void*>(1);
+  EXPECT_EQ(ph_malloc(0, total + 1, &ptr), PH_ERROR_OUT_OF_MEMORY);
+  EXPECT_EQ(ptr, nullptr);
+  const std::string message = ph_last_error_message();
+  EXPECT_NE(message.find(std::to_string(total + 1)), std::string::npos)
+      << message;
+  // Fill the device in large blocks until it refuses, then free it all.
+  std::vector<void*> blocks;
+  const size_t block = total / 3;  // two fit; a third does not
+  for (;;) {
+    void* next = nullptr;
+    const ph_status_t status = ph_malloc(0, block, &next);
+    if (status == PH_ERROR_OUT_OF_MEMORY) break;
+    ASSERT_PH_OK(status);
+    blocks.push_back(next);
+    ASSERT_LT(blocks.size(), 4u) << "capacity is not enforced";
+  }
+  void* small = nullptr;
+  EXPECT_PH_OK(ph_malloc(0, 4096, &small)) << "smaller requests still fit";
+  EXPECT_PH_OK(ph_free(small));
+  for (void* ptr_to_free : blocks) EXPECT_PH_OK(ph_free(ptr_to_free));
+  EXPECT_EQ(FreeBytes(0), free_before);
+}
+
+TEST(Memory, InvalidDeviceAndNullOut) {
+  void* ptr = reinterpret_cast<void*>(1);
+  EXPECT_EQ(ph_malloc(DeviceCount(), 16, &ptr), PH_ERROR_INVALID_DEVICE);
+  EXPECT_EQ(ptr, nullptr);
+  EXPECT_EQ(ph_malloc(-1, 16, &ptr), PH_ERROR_INVALID_DEVICE);
+  EXPECT_EQ(ph_malloc(0, 16, nullptr), PH_ERROR_INVALID_ARGUMENT);
+  size_t free_bytes = 1;
+  size_t total = 1;
+  EXPECT_EQ(ph_mem_get_info(DeviceCount(), &free_bytes, &total),
+            PH_ERROR_INVALID_DEVICE);
+  EXPECT_EQ(free_bytes, 0u);
+  EXPECT_EQ(total, 0u);
+}
+
+TEST(Memory, FreeRefusesWhatIsNotALiveAllocationStart) {
+  void* ptr = nullptr;
+  ASSERT_PH_OK(ph_malloc(0, 4096, &ptr));
+  EXPECT_EQ(ph_free(static_cast<char*>(ptr) + 256), PH_ERROR_INVALID_HANDLE);
+  int host = 0;
+  EXPECT_EQ(ph_free(&host), PH_ERROR_INVALID_HANDLE);
+  EXPECT_PH_OK(ph_free(ptr));
+  EXPECT_EQ(ph_free(ptr), PH_ERROR_INVALID_HANDLE) << "double free";
+  EXPECT_GT(std::strlen(ph_last_error_message()), 0u);
+}
+
+/* ---- Pinned memory and pointer attributes ------------------------------ */
+
+TEST(Pinned, AllocationIsPageAlignedWritableAndTracked) {
+  void* ptr = nullptr;
+  ASSERT_PH_OK(ph_host_malloc(10000, &ptr));
+  ASSERT_NE(ptr, nullptr);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(ptr) % sysconf(_SC_PAGESIZE), 0u);
+  std::memset(ptr, 0xab, 10000);  // host-addressable
+
+  ph_pointer_attributes_t attr;
+  ASSERT_PH_OK(ph_pointer_get_attributes(static_cast<char*>(ptr) + 5000, &attr));
+  EXPECT_EQ(attr.type, PH_MEMORY_HOST_PINNED);
+  EXPECT_EQ(attr.device, -1);
+  EXPECT_EQ(attr.base, ptr);
+  EXPECT_EQ(attr.size, 10000u);
+
+  EXPECT_EQ(ph_host_free(static_cast<char*>(ptr) + 8), PH_ERROR_INVALID_HANDLE);
+  EXPECT_PH_OK(ph_host_free(ptr));
+  EXPECT_EQ(ph_host_free(ptr), PH_ERROR_INVALID_HANDLE);
+  int host = 0;
+  EXPECT_EQ(ph_host_free(&host), PH_ERROR_INVALID_HANDLE);
+  EXPECT_PH_OK(ph_host_free(nullptr));
+
+  void* zero = reinterpret_cast<void*>(1);
+  EXPECT_PH_OK(ph_host_malloc(0, &zero));
+  EXPECT_EQ(zero, nullptr);
+  EXPECT_EQ(ph_host_malloc(16, nullptr), PH_ERROR_INVALID_ARGUMENT);
+}
+
+TEST(Attributes, ClassifyDevicePinnedAndPageablePointers) {
+  DeviceBuffer device(0, 3000);
+  ph_pointer_attributes_t attr;
+  ASSERT_PH_OK(ph_pointer_get_attributes(device.bytes() + 100, &attr));
+  EXPECT_EQ(attr.type, PH_MEMORY_DEVICE);
+  EXPECT_EQ(attr.device, 0);
+  EXPECT_EQ(attr.base, device.get());
+  EXPECT_EQ(attr.size, 3000u);
+
+  int stack = 0;
+  ASSERT_PH_OK(ph_pointer_get_attributes(&stack, &attr));
+  EXPECT_EQ(attr.type, PH_MEMORY_UNREGISTERED);
+  EXPECT_EQ(attr.device, -1);
+  EXPECT_EQ(attr.base, nullptr);
+  EXPECT_EQ(attr.size, 0u);
+  std::vector<char> heap(64);
+  ASSERT_PH_OK(ph_pointer_get_attributes(heap.data(), &attr));
+  EXPECT_EQ(attr.type, PH_MEMORY_UNREGISTERED);
+  ASSERT_PH_OK(ph_pointer_get_attributes(nullptr, &attr));
+  EXPECT_EQ(attr.type, PH_MEMORY_UNREGISTERED);
+  EXPECT_EQ(ph_pointer_get_attributes(&stack, nullptr),
+            PH_ERROR_INVALID_ARGUMENT);
+}
+
+TEST(Attributes, SecondDeviceIsReported) {
+  REQUIRE_TWO_DEVICES();
+  DeviceBuffer device(1, 512);
+  ph_pointer_attributes_t attr;
+  ASSERT_PH_OK(ph_pointer_get_attributes(device.get(), &attr));
+  EXPECT_EQ(attr.type, PH_MEMORY_DEVICE);
+  EXPECT_EQ(attr.device, 1);
+}
+
+/* ---- Synchronous copies ------------------------------------------------ */
+
+TEST(Memcpy, RoundTripsThroughEveryKind) {
+  const size_t size = 100000;
+  const std::vector<char> data = Pattern(size, 3);
+  DeviceBuffer a(0, size);
+  DeviceBuffer b(0, size);
+  ASSERT_PH_OK(ph_memcpy(a.get(), data.data(), size, PH_MEMCPY_HOST_TO_DEVICE));
+  ASSERT_PH_OK(ph_memcpy(b.get(), a.get(), size, PH_MEMCPY_DEVICE_TO_DEVICE));
+  std::vector<char> back(size);
+  ASSERT_PH_OK(ph_memcpy(back.data(), b.get(), size, PH_MEMCPY_DEVICE_TO_HOST));
+  EXPECT_EQ(back, data);
+  std::vector<char> host_copy(size);
+  ASSERT_PH_OK(ph_memcpy(host_copy.data(), data.data(), size,
+                         PH_MEMCPY_HOST_TO_HOST));
+  EXPECT_EQ(host_copy, data);
+
+  PinnedBuffer pinned(size);
+  ASSERT_PH_OK(ph_memcpy(pinned.bytes(), a.get(), size,
+                         PH_MEMCPY_DEVICE_TO_HOST));
+  EXPECT_EQ(std::memcmp(pinned.bytes(), data.data(), size), 0);
+  // Interior ranges of an allocation.
+  ASSERT_PH_OK(ph_memcpy(back.data(), a.bytes() + 10, 20,
+                         PH_MEMCPY_DEVICE_TO_HOST));
+  EXPECT_EQ(std::memcmp(back.data(), data.data() + 10, 20), 0);
+}
+
+TEST(Memcpy, CrossDeviceCopies) {
+  REQUIRE_TWO_DEVICES();
+  const size_t size = 8192;
+  const std::vector<char> data = Pattern(size, 11);
+  DeviceBuffer on0(0, size);
+  DeviceBuffer on1(1, size);
+  ASSERT_PH_OK(ph_memcpy(on0.get(), data.data(), size, PH_MEMCPY_HOST_TO_DEVICE));
+  ASSERT_PH_OK(ph_memcpy(on1.get(), on0.get(), size,
+                         PH_MEMCPY_DEVICE_TO_DEVICE));
+  std::vector<char> back(size);
+  ASSERT_PH_OK(ph_memcpy(back.data(), on1.get(), size,
+                         PH_MEMCPY_DEVICE_TO_HOST));
+  EXPECT_EQ(back, data);
+}
+
+TEST(Memcpy, RefusesContradictionsAndOverruns) {
+  DeviceBuffer device(0, 1000);
+  DeviceBuffer other(0, 1000);
+  std::vector<char> host(4096);
+  PinnedBuffer pinned(100);
+  auto expect_invalid = [](ph_status_t status) {
+    EXPECT_EQ(status, PH_ERROR_INVALID_ARGUMENT) << ph_status_name(status);
+    EXPECT_GT(std::strlen(ph_last_error_message()), 0u);
+  };
+  // Memory type contradicts the kind.
+  expect_invalid(ph_memcpy(host.data(), host.data() + 2000, 16,
+                           PH_MEMCPY_HOST_TO_DEVICE));
+  expect_invalid(ph_memcpy(device.get(), other.get(), 16,
+                           PH_MEMCPY_HOST_TO_DEVICE));
+  expect_invalid(ph_memcpy(host.data(), host.data() + 2000, 16,
+                           PH_MEMCPY_DEVICE_TO_HOST));
+  expect_invalid(ph_memcpy(host.data(), device.get(), 16,
+                           PH_MEMCPY_HOST_TO_HOST));
+  expect_invalid(ph_memcpy(device.get(), host.data(), 16,
+                           PH_MEMCPY_DEVICE_TO_DEVICE));
+  // Past the end of an allocation (device and pinned).
+  expect_invalid(ph_memcpy(device.get(), host.data(), 1001,
+                           PH_MEMCPY_HOST_TO_DEVICE));
+  expect_invalid(ph_memcpy(host.data(), device.bytes() + 900, 200,
+                           PH_MEMCPY_DEVICE_TO_HOST));
+  expect_invalid(ph_memcpy(pinned.bytes(), device.get(), 101,
+                           PH_MEMCPY_DEVICE_TO_HOST));
+  // Unknown kind and null pointers.
+  expect_invalid(ph_memcpy(host.data(), host.data() + 2000, 16,
+                           static_cast<ph_memcpy_kind_t>(9)));
+  expect_invalid(ph_memcpy(nullptr, host.data(), 16, PH_MEMCPY_HOST_TO_HOST));
+  // A freed allocation is no longer a valid copy target.
+  void* freed = nullptr;
+  ASSERT_PH_OK(ph_malloc(0, 512, &freed));
+  ASSERT_PH_OK(ph_free(freed));
+  expect_invalid(ph_memcpy(freed, host.data(), 16, PH_MEMCPY_HOST_TO_DEVICE));
+  // Zero bytes is a no-op.
+  EXPECT_PH_OK(ph_memcpy(device.get(), host.data(), 0,
+                         PH_MEMCPY_HOST_TO_DEVICE));
+}
+
+/* ---- Stream-ordered copies --------------------------------------------- */
+
+TEST(MemcpyAsync, CopiesAreOrderedOnTheStream) {
+  const size_t size = 65536;
+  const std::vector<char> data = Pattern(size, 5);
+  ScopedStream stream;
+  DeviceBuffer a(0, size);
+  DeviceBuffer b(0, size);
+  PinnedBuffer in(size);
+  PinnedBuffer out(size);
+  std::memcpy(in.bytes(), data.data(), size);
+  for (int round = 0; round < 20; ++round) {
+    ASSERT_PH_OK(ph_memset_async(a.get(), round, size, stream));
+    ASSERT_PH_OK(ph_memcpy_async(a.get(), in.bytes(), size / 2,
+                                 PH_MEMCPY_HOST_TO_DEVICE, stream));
+    ASSERT_PH_OK(ph_memcpy_async(b.get(), a.get(), size,
+                                 PH_MEMCPY_DEVICE_TO_DEVICE, stream));
+    ASSERT_PH_OK(ph_memcpy_async(out.bytes(), b.get(), size,
+                                 PH_MEMCPY_DEVICE_TO_HOST, stream));
+    ASSERT_PH_OK(ph_stream_synchronize(stream));
+    ASSERT_EQ(std::memcmp(out.bytes(), data.data(), size / 2), 0);
+    for (size_t i = size / 2; i < size; ++i) {
+      ASSERT_EQ(out.bytes()[i], static_cast<char>(round)) << i;
+    }
+  }
+}
+
+TEST(MemcpyAsync, PinnedCopyReturnsBeforeItRuns) {
+  ScopedStream stream;
+  DeviceBuffer device(0, 4096);
+  PinnedBuffer out(4096);
+  std::memset(out.bytes(), 1, 4096);
+  ASSERT_PH_OK(ph_memset_async(device.get(), 7, 4096, stream));
+  Gate gate;
+  ASSERT_PH_OK(gate.Block(stream));
+  ASSERT_PH_OK(ph_memcpy_async(out.bytes(), device.get(), 4096,
+                               PH_MEMCPY_DEVICE_TO_HOST, stream));
+  EXPECT_EQ(ph_stream_query(stream), PH_NOT_READY);
+  EXPECT_EQ(out.bytes()[0], 1) << "the copy ran before earlier work finished";
+  gate.Open();
+  ASSERT_PH_OK(ph_stream_synchronize(stream));
+  EXPECT_EQ(out.bytes()[0], 7);
+  EXPECT_EQ(out.bytes()[4095], 7);
+}
+
+TEST(MemcpyAsync, PageableCopyWaitsForEarlierWorkAndItself) {
+  ScopedStream stream;
+  DeviceBuffer device(0, 4096);
+  ASSERT_PH_OK(Launch(stream, "slow", [](char*, size_t) {
+    std::this_thread::sleep_for(milliseconds(30));
+    return PH_SUCCESS;
+  }));
+  ASSERT_PH_OK(ph_memset_async(device.get(), 9, 4096, stream));
+  std::vector<char> host(4096, 0);
+  ASSERT_PH_OK(ph_memcpy_async(host.data(), device.get(), 4096,
+                               PH_MEMCPY_DEVICE_TO_HOST, stream));
+  EXPECT_EQ(host[0], 9) << "a pageable copy must be complete on return";
+  EXPECT_EQ(host[4095], 9);
+  // The other direction: the source may be reused at once.
+  std::vector<char> source(4096, 3);
+  ASSERT_PH_OK(ph_memcpy_async(device.get(), source.data(), 4096,
+                               PH_MEMCPY_HOST_TO_DEVICE, stream));
+  std::fill(source.begin(), source.end(), 4);
+  ASSERT_PH_OK(ph_memcpy(host.data(), device.get(), 4096,
+                         PH_MEMCPY_DEVICE_TO_HOST));
+  EXPECT_EQ(host[100], 3);
+}
+
+TEST(MemcpyAsync, CrossDeviceAndValidation) {
+  REQUIRE_TWO_DEVICES();
+  ScopedStream stream(1);
+  DeviceBuffer on0(0, 1024);
+  DeviceBuffer on1(1, 1024);
+  ASSERT_PH_OK(ph_memset_async(on0.get(), 0x42, 1024, stream));
+  ASSERT_PH_OK(ph_memcpy_async(on1.get(), on0.get(), 1024,
+                               PH_MEMCPY_DEVICE_TO_DEVICE, stream));
+  ASSERT_PH_OK(ph_stream_synchronize(stream));
+  char byte = 0;
+  ASSERT_PH_OK(ph_memcpy(&byte, on1.bytes() + 1023, 1,
+                         PH_MEMCPY_DEVICE_TO_HOST));
+  EXPECT_EQ(byte, 0x42);
+  std::vector<char> host(16);
+  EXPECT_EQ(ph_memcpy_async(host.data(), host.data(), 16,
+                            PH_MEMCPY_DEVICE_TO_HOST, stream),
+            PH_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(ph_memset_async(host.data(), 0, 16, stream),
+            PH_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(ph_memset_async(on0.get(), 0, 2048, stream),
+            PH_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(ph_memcpy_async(on1.get(), on0.get(), 16,
+                            PH_MEMCPY_DEVICE_TO_DEVICE, nullptr),
+            PH_ERROR_INVALID_HANDLE);
+}
+
+/* ---- Streams ----------------------------------------------------------- */
+
+TEST(Stream, PriorityIsClampedAndDeviceReported) {
+  ph_device_properties_t props;
+  ASSERT_PH_OK(ph_device_get_properties(0, &props));
+  ph_stream_t high = nullptr;
+  ph_stream_t low = nullptr;
+  ASSERT_PH_OK(ph_stream_create(0, props.stream_priority_high - 100, &high));
+  ASSERT_PH_OK(ph_stream_create(0, props.stream_priority_low + 100, &low));
+  int priority = 99;
+  ASSERT_PH_OK(ph_stream_get_priority(high, &priority));
+  EXPECT_EQ(priority, props.stream_priority_high);
+  ASSERT_PH_OK(ph_stream_get_priority(low, &priority));
+  EXPECT_EQ(priority, props.stream_priority_low);
+  int device = -1;
+  ASSERT_PH_OK(ph_stream_get_device(high, &device));
+  EXPECT_EQ(device, 0);
+  EXPECT_PH_OK(ph_stream_destroy(high));
+  EXPECT_PH_OK(ph_stream_destroy(low));
+
+  ph_stream_t bad = reinterpret_cast<ph_stream_t>(1);
+  EXPECT_EQ(ph_stream_create(DeviceCount(), 0, &bad), PH_ERROR_INVALID_DEVICE);
+  EXPECT_EQ(bad, nullptr);
+  EXPECT_EQ(ph_stream_create(0, 0, nullptr), PH_ERROR_INVALID_ARGUMENT);
+}
+
+TEST(Stream, ManyStreamsRunTheirWorkInOrder) {
+  constexpr int kStreams = 16;
+  constexpr int kTasks = 200;
+  std::vector<ph_stream_t> streams(kStreams);
+  std::vector<std::vector<int>> seen(kStreams);
+  TaskProbe probe;
+  for (auto& stream : streams) ASSERT_PH_OK(ph_stream_create(0, 0, &stream));
+  for (int task = 0; task < kTasks; ++task) {
+    for (int s = 0; s < kStreams; ++s) {
+      ASSERT_PH_OK(Launch(streams[s], "append", [&seen, s, task](char*, size_t) {
+        seen[s].push_back(task);
+        return PH_SUCCESS;
+      }, &probe));
+    }
+  }
+  for (auto stream : streams) ASSERT_PH_OK(ph_stream_synchronize(stream));
+  for (int s = 0; s < kStreams; ++s) {
+    ASSERT_EQ(seen[s].size(), static_cast<size_t>(kTasks));
+    for (int task = 0; task < kTasks; ++task) ASSERT_EQ(seen[s][task], task);
+  }
+  EXPECT_EQ(probe.runs.load(), kStreams * kTasks);
+  EXPECT_EQ(probe.releases.load(), kStreams * kTasks);
+  for (auto stream : streams) EXPECT_PH_OK(ph_stream_destroy(stream));
+}
+
+TEST(Stream, QueryIsNotReadyUntilTheLastTaskFinishedRunning) {
+  ScopedStream stream;
+  EXPECT_PH_OK(ph_stream_query(stream));  // empty stream is ready
+  Gate gate;
+  ASSERT_PH_OK(gate.Block(stream));
+  gate.WaitEntered();  // dequeued and running, but not finished
+  std::this_thread::sleep_for(milliseconds(5));
+  EXPECT_EQ(ph_stream_query(stream), PH_NOT_READY);
+  gate.Open();
+  ASSERT_PH_OK(ph_stream_synchronize(stream));
+  EXPECT_PH_OK(ph_stream_query(stream));
+}
+
+TEST(Stream, DestroyRunsQueuedWorkAndReleasesEachTaskOnce) {
+  ph_stream_t stream = nullptr;
+  ASSERT_PH_OK(ph_stream_create(0, 0, &stream));
+  Gate gate;
+  TaskProbe probe;
+  ASSERT_PH_OK(gate.Block(stream));
+  for (int i = 0; i < 10; ++i) {
+    ASSERT_PH_OK(Launch(stream, "queued", nullptr, &probe));
+  }
+  std::thread opener([&] {
+    std::this_thread::sleep_for(milliseconds(20));
+    gate.Open();
+  });
+  EXPECT_PH_OK(ph_stream_destroy(stream));  // waits for the gate
+  opener.join();
+  EXPECT_EQ(probe.runs.load(), 10);
+  EXPECT_EQ(probe.releases.load(), 10);
+  EXPECT_EQ(ph_stream_query(stream), PH_ERROR_INVALID_HANDLE);
+}
+
+TEST(Stream, ErrorIsStickyNamesTheWorkAndSkipsLaterTasks) {
+  ph_stream_t stream = nullptr;
+  ASSERT_PH_OK(ph_stream_create(0, 0, &stream));
+  Gate gate;
+  TaskProbe later;
+  ASSERT_PH_OK(gate.Block(stream));
+  ASSERT_PH_OK(Launch(stream, "my_failing_op", [](char* error, size_t n) {
+    std::snprintf(error, n, "the kernel divided by zero");
+    return PH_ERROR_DEVICE;
+  }));
+  ASSERT_PH_OK(Launch(stream, "after", nullptr, &later));  // queued earlier
+  gate.Open();
+  EXPECT_EQ(ph_stream_synchronize(stream), PH_ERROR_DEVICE);
+  const std::string message = ph_last_error_message();
+  EXPECT_NE(message.find("my_failing_op"), std::string::npos) << message;
+  EXPECT_NE(message.find("the kernel divided by zero"), std::string::npos);
+  EXPECT_EQ(later.runs.load(), 0);
+  EXPECT_EQ(later.releases.load(), 1);
+
+  EXPECT_EQ(ph_stream_query(stream), PH_ERROR_DEVICE);
+  EXPECT_NE(std::string(ph_last_error_message()).find("my_failing_op"),
+            std::string::npos);
+  TaskProbe refused;
+  EXPECT_EQ(Launch(stream, "refused", nullptr, &refused), PH_ERROR_DEVICE);
+  EXPECT_EQ(refused.runs.load(), 0);
+  EXPECT_EQ(refused.releases.load(), 1);
+  DeviceBuffer device(0, 64);
+  EXPECT_EQ(ph_memset_async(device.get(), 0, 64, stream), PH_ERROR_DEVICE);
+  EXPECT_EQ(ph_stream_synchronize(stream), PH_ERROR_DEVICE);
+  EXPECT_PH_OK(ph_stream_destroy(stream));  // the sticky error is discarded
+}
+
+TEST(Stream, StickyErrorKeepsTheTasksStatus) {
+  ScopedStream stream;
+  ASSERT_PH_OK(Launch(stream, "oom_in_work", [](char* error, size_t n) {
+    std::snprintf(error, n, "scratch allocation failed");
+    return PH_ERROR_OUT_OF_MEMORY;
+  }));
+  EXPECT_EQ(ph_stream_synchronize(stream), PH_ERROR_OUT_OF_MEMORY);
+}
+
+TEST(Stream, LaunchValidatesTheTaskAndReleasesOnError) {
+  ScopedStream stream;
+  EXPECT_EQ(ph_launch_host_func(stream, nullptr), PH_ERROR_INVALID_ARGUMENT);
+  TaskProbe probe;
+  ph_host_task_t no_run = {"no_run", nullptr, ReleaseClosure,
+                           new Closure{nullptr, &probe}};
+  EXPECT_EQ(ph_launch_host_func(stream, &no_run), PH_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(probe.releases.load(), 1);
+  EXPECT_EQ(Launch(nullptr, "no_stream", nullptr, &probe),
+            PH_ERROR_INVALID_HANDLE);
+  EXPECT_EQ(probe.releases.load(), 2);
+  EXPECT_EQ(probe.runs.load(), 0);
+  // A task without release is fine.
+  static std::atomic<int> bare_runs{0};
+  bare_runs = 0;
+  ph_host_task_t bare = {"bare",
+                         [](void*, char*, size_t) {
+                           bare_runs++;
+                           return PH_SUCCESS;
+                         },
+                         nullptr, nullptr};
+  ASSERT_PH_OK(ph_launch_host_func(stream, &bare));
+  ASSERT_PH_OK(ph_stream_synchronize(stream));
+  EXPECT_EQ(bare_runs.load(), 1);
+}
+
+TEST(Stream, WaitingForItselfIsRefused) {
+  ph_stream_t stream = nullptr;
+  ASSERT_PH_OK(ph_stream_create(0, 0, &stream));
+  ph_status_t sync = PH_SUCCESS;
+  ph_status_t destroy = PH_SUCCESS;
+  ph_status_t device_sync = PH_SUCCESS;
+  ASSERT_PH_OK(Launch(stream, "self_sync", [&](char*, size_t) {
+    sync = ph_stream_synchronize(stream);
+    destroy = ph_stream_destroy(stream);
+    device_sync = ph_device_synchronize(0);
+    return PH_SUCCESS;
+  }));
+  ASSERT_PH_OK(ph_stream_synchronize(stream));
+  EXPECT_EQ(sync, PH_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(destroy, PH_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(device_sync, PH_ERROR_INVALID_ARGUMENT);
+  EXPECT_PH_OK(ph_stream_query(stream)) << "the refusals are not sticky";
+  EXPECT_PH_OK(ph_stream_destroy(stream));
+}
+
+TEST(Stream, InvalidHandlesAreRefused) {
+  ph_stream_t destroyed = nullptr;
+  ASSERT_PH_OK(ph_stream_create(0, 0, &destroyed));
+  ASSERT_PH_OK(ph_stream_destroy(destroyed));
+  ph_event_t event = nullptr;
+  ASSERT_PH_OK(ph_event_create(0, &event));
+  const ph_stream_t bad_streams[] = {
+      nullptr, destroyed, reinterpret_cast<ph_stream_t>(event),
+      reinterpret_cast<ph_stream_t>(uintptr_t{0xdeadbeef})};
+  for (ph_stream_t bad : bad_streams) {
+    int out = 5;
+    EXPECT_EQ(ph_stream_destroy(bad), PH_ERROR_INVALID_HANDLE);
+    EXPECT_EQ(ph_stream_query(bad), PH_ERROR_INVALID_HANDLE);
+    EXPECT_EQ(ph_stream_synchronize(bad), PH_ERROR_INVALID_HANDLE);
+    EXPECT_EQ(ph_stream_get_device(bad, &out), PH_ERROR_INVALID_HANDLE);
+    EXPECT_EQ(ph_stream_get_priority(bad, &out), PH_ERROR_INVALID_HANDLE);
+    EXPECT_EQ(out, 0);
+    EXPECT_EQ(ph_stream_wait_event(bad, event), PH_ERROR_INVALID_HANDLE);
+    EXPECT_EQ(ph_event_record(event, bad), PH_ERROR_INVALID_HANDLE);
+    EXPECT_EQ(ph_memset_async(nullptr, 0, 0, bad), PH_ERROR_INVALID_HANDLE);
+    EXPECT_EQ(Launch(bad, "x", nullptr), PH_ERROR_INVALID_HANDLE);
+  }
+  ASSERT_PH_OK(ph_event_destroy(event));
+}
+
+/* ---- Kernel addresses -------------------------------------------------- */
+
+TEST(KernelAddress, OnlyInsideWorkAndOnlyForDeviceMemory) {
+  DeviceBuffer device(0, 4096);
+  void* out = reinterpret_cast<void*>(1);
+  const ph_status_t outside = ph_kernel_address(device.get(), &out);
+  if (outside == PH_ERROR_UNIMPLEMENTED) {
+    GTEST_SKIP() << "driver has no kernel view (OPTIONAL entry point)";
+  }
+  EXPECT_EQ(outside, PH_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(out, nullptr);
+  ScopedStream stream;
+  ph_status_t on_host = PH_SUCCESS;
+  ph_status_t on_device = PH_ERROR_DEVICE;
+  int host = 0;
+  ASSERT_PH_OK(Launch(stream, "kernel", [&](char* error, size_t n) {
+    void* view = nullptr;
+    on_host = ph_kernel_address(&host, &view);
+    on_device = ph_kernel_address(device.bytes() + 100, &view);
+    if (on_device != PH_SUCCESS) {
+      std::snprintf(error, n, "%s", ph_last_error_message());
+      return on_device;
+    }
+    std::memset(view, 0x5c, 16);  // writes land in device memory
+    return PH_SUCCESS;
+  }));
+  ASSERT_PH_OK(ph_stream_synchronize(stream));
+  EXPECT_EQ(on_host, PH_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(on_device, PH_SUCCESS);
+  char bytes[18] = {};
+  ASSERT_PH_OK(ph_memcpy(bytes, device.bytes() + 99, 18,
+                         PH_MEMCPY_DEVICE_TO_HOST));
+  EXPECT_NE(bytes[0], 0x5c);
+  EXPECT_EQ(bytes[1], 0x5c);
+  EXPECT_EQ(bytes[16], 0x5c);
+  EXPECT_EQ(ph_kernel_address(device.get(), nullptr),
+            PH_ERROR_INVALID_ARGUMENT);
+}
+
+/* ---- Events ------------------------------------------------------------ */
+
+TEST(Event, WaitOrdersWorkAcrossStreams) {
+  ScopedStream a(0);
+  ScopedStream b(DeviceCount() > 1 ? 1 : 0);  // cross-device when possible
+  ScopedEvent event;
+  Gate gate;
+  ASSERT_PH_OK(gate.Block(a));
+  ASSERT_PH_OK(ph_event_record(event, a));
+  ASSERT_PH_OK(ph_stream_wait_event(b, event));
+  std::atomic<bool> ran{false};
+  ASSERT_PH_OK(Launch(b, "after_wait", [&](char*, size_t) {
+    ran = true;
+    return PH_SUCCESS;
+  }));
+  std::this_thread::sleep_for(milliseconds(30));
+  EXPECT_FALSE(ran.load()) << "B ran before the event on A was reached";
+  EXPECT_EQ(ph_stream_query(b), PH_NOT_READY);
+  EXPECT_EQ(ph_event_query(event), PH_NOT_READY);
+  gate.Open();
+  ASSERT_PH_OK(ph_stream_synchronize(b));
+  EXPECT_TRUE(ran.load());
+  EXPECT_PH_OK(ph_event_query(event));
+}
+
+TEST(Event, WaitObservesTheRecordAtTheTimeOfTheCall) {
+  ScopedStream a;
+  ScopedStream b;
+  ScopedEvent event;
+  ASSERT_PH_OK(ph_event_record(event, a));
+  ASSERT_PH_OK(ph_event_synchronize(event));
+  ASSERT_PH_OK(ph_stream_wait_event(b, event));  // refers to the reached record
+  Gate gate;
+  ASSERT_PH_OK(gate.Block(a));
+  ASSERT_PH_OK(ph_event_record(event, a));  // re-record: pending
+  std::atomic<bool> ran{false};
+  ASSERT_PH_OK(Launch(b, "after_wait", [&](char*, size_t) {
+    ran = true;
+    return PH_SUCCESS;
+  }));
+  ASSERT_PH_OK(ph_stream_synchronize(b));  // would hang if the wait re-read
+  EXPECT_TRUE(ran.load());
+  EXPECT_EQ(ph_event_query(event), PH_NOT_READY);
+  gate.Open();
+  ASSERT_PH_OK(ph_event_synchronize(event));
+}
+
+TEST(Event, NeverRecordedImposesNoWait) {
+  ScopedStream stream;
+  ScopedEvent event;
+  EXPECT_PH_OK(ph_event_query(event));
+  EXPECT_PH_OK(ph_event_synchronize(event));
+  EXPECT_PH_OK(ph_stream_wait_event(stream, event));
+  EXPECT_PH_OK(ph_stream_synchronize(stream));
+  float ms = 1.0f;
+  EXPECT_EQ(ph_event_elapsed_time(event, event, &ms),
+            PH_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(ms, 0.0f);
+}
+
+TEST(Event, ElapsedTimeMeasuresBetweenReachedRecords) {
+  ScopedStream stream;
+  ScopedEvent start;
+  ScopedEvent end;
+  ASSERT_PH_OK(ph_event_record(start, stream));
+  ASSERT_PH_OK(Launch(stream, "sleep", [](char*, size_t) {
+    std::this_thread::sleep_for(milliseconds(20));
+    return PH_SUCCESS;
+  }));
+  ASSERT_PH_OK(ph_event_record(end, stream));
+  ASSERT_PH_OK(ph_event_synchronize(end));
+  float ms = 0.0f;
+  ASSERT_PH_OK(ph_event_elapsed_time(start, end, &ms));
+  EXPECT_GE(ms, 15.0f);
+  EXPECT_LT(ms, 5000.0f);
+
+  Gate gate;
+  ASSERT_PH_OK(gate.Block(stream));
+  ASSERT_PH_OK(ph_event_record(end, stream));
+  EXPECT_EQ(ph_event_elapsed_time(start, end, &ms), PH_NOT_READY);
+  gate.Open();
+  ASSERT_PH_OK(ph_event_synchronize(end));
+  EXPECT_PH_OK(ph_event_elapsed_time(start, end, &ms));
+
+  ScopedEvent untimed(PH_EVENT_DISABLE_TIMING);
+  ASSERT_PH_OK(ph_event_record(untimed, stream));
+  ASSERT_PH_OK(ph_event_synchronize(untimed));
+  EXPECT_EQ(ph_event_elapsed_time(start, untimed, &ms),
+            PH_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(ph_event_elapsed_time(start, end, nullptr),
+            PH_ERROR_INVALID_ARGUMENT);
+}
+
+TEST(Event, DestroyWithQueuedWaitsIsSafe) {
+  ScopedStream a;
+  ScopedStream b;
+  ph_event_t event = nullptr;
+  ASSERT_PH_OK(ph_event_create(0, &event));
+  Gate gate;
+  ASSERT_PH_OK(gate.Block(a));
+  ASSERT_PH_OK(ph_event_record(event, a));
+  ASSERT_PH_OK(ph_stream_wait_event(b, event));
+  std::atomic<bool> ran{false};
+  ASSERT_PH_OK(Launch(b, "after_wait", [&](char*, size_t) {
+    ran = true;
+    return PH_SUCCESS;
+  }));
+  ASSERT_PH_OK(ph_event_destroy(event));
+  std::this_thread::sleep_for(milliseconds(10));
+  EXPECT_FALSE(ran.load()) << "destroying the event must not release the wait";
+  gate.Open();
+  ASSERT_PH_OK(ph_stream_synchronize(b));
+  EXPECT_TRUE(ran.load());
+}
+
+TEST(Event, SynchronizeReportsTheRecordingStreamsStickyError) {
+  ScopedStream stream;
+  ScopedEvent event;
+  ASSERT_PH_OK(Launch(stream, "fails_before_record", [](char* error, size_t n) {
+    std::snprintf(error, n, "bad");
+    return PH_ERROR_DEVICE;
+  }));
+  ASSERT_PH_OK(ph_event_record(event, stream));
+  EXPECT_EQ(ph_event_synchronize(event), PH_ERROR_DEVICE);  // and no hang
+  EXPECT_NE(std::string(ph_last_error_message()).find("fails_before_record"),
+            std::string::npos);
+  EXPECT_PH_OK(ph_event_query(event));
+}
+
+TEST(Event, InvalidHandlesAndFlagsAreRefused) {
+  ph_event_t destroyed = nullptr;
+  ASSERT_PH_OK(ph_event_create(0, &destroyed));
+  ASSERT_PH_OK(ph_event_destroy(destroyed));
+  ScopedStream stream;
+  ScopedEvent good;
+  const ph_event_t bad_events[] = {
+      nullptr, destroyed, reinterpret_cast<ph_event_t>(stream.get()),
+      reinterpret_cast<ph_event_t>(uintptr_t{0x12345})};
+  for (ph_event_t bad : bad_events) {
+    float ms = 1.0f;
+    EXPECT_EQ(ph_event_destroy(bad), PH_ERROR_INVALID_HANDLE);
+    EXPECT_EQ(ph_event_record(bad, stream), PH_ERROR_INVALID_HANDLE);
+    EXPECT_EQ(ph_event_query(bad), PH_ERROR_INVALID_HANDLE);
+    EXPECT_EQ(ph_event_synchronize(bad), PH_ERROR_INVALID_HANDLE);
+    EXPECT_EQ(ph_stream_wait_event(stream, bad), PH_ERROR_INVALID_HANDLE);
+    EXPECT_EQ(ph_event_elapsed_time(bad, good, &ms), PH_ERROR_INVALID_HANDLE);
+    EXPECT_EQ(ph_event_elapsed_time(good, bad, &ms), PH_ERROR_INVALID_HANDLE);
+  }
+  ph_event_t event = reinterpret_cast<ph_event_t>(1);
+  EXPECT_EQ(ph_event_create(0x80, &event), PH_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(event, nullptr);
+  EXPECT_EQ(ph_event_create(0, nullptr), PH_ERROR_INVALID_ARGUMENT);
+}
+
+/* ---- Start-up failure -------------------------------------------------- */
+
+// A driver that cannot start answers PH_ERROR_NOT_INITIALIZED from every
+// call and says which setting was wrong. The child process reads the
+// configuration afresh (death tests re-execute the binary).
+TEST(StartUp, InvalidConfigurationIsNotInitialized) {
+  const char* saved = getenv("PHANTOM_DEVICE_COUNT");
+  const std::string saved_value = saved != nullptr ? saved : "";
+  setenv("PHANTOM_DEVICE_COUNT", "abc", 1);
+  EXPECT_EXIT(
+      {
+        int count = 7;
+        void* ptr = nullptr;
+        ph_stream_t stream = nullptr;
+        const bool ok = ph_device_count(&count) == PH_ERROR_NOT_INITIALIZED &&
+                        count == 0 &&
+                        std::string(ph_last_error_message())
+                                .find("PHANTOM_DEVICE_COUNT='abc'") !=
+                            std::string::npos &&
+                        ph_malloc(0, 16, &ptr) == PH_ERROR_NOT_INITIALIZED &&
+                        ph_stream_create(0, 0, &stream) ==
+                            PH_ERROR_NOT_INITIALIZED &&
+                        ph_set_device(0) == PH_ERROR_NOT_INITIALIZED;
+        fprintf(stderr, "%s\n", ph_last_error_message());
+        _exit(ok ? 0 : 1);
+      },
+      ::testing::ExitedWithCode(0), "PHANTOM_DEVICE_COUNT='abc'");
+  if (saved != nullptr) {
+    setenv("PHANTOM_DEVICE_COUNT", saved_value.c_str(), 1);
+  } else {
+    unsetenv("PHANTOM_DEVICE_COUNT");
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Small devices keep out-of-memory tests fast. The environment wins, so a
+  // death-test child inherits the configuration its test arranged.
+  setenv("PHANTOM_DEVICE_COUNT", "2", 0);
+  setenv("PHANTOM_DEVICE_MEMORY", "64MiB", 0);
+  ::testing::InitGoogleTest(&argc, argv);
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  return RUN_ALL_TESTS();
+}
