@@ -247,6 +247,10 @@ class ResultMapper {
 void genericFallback(const c10::OperatorHandle& op, c10::DispatchKeySet,
                      torch::jit::Stack* stack) {
   const auto& schema = op.schema();
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      op.hasComputedKernelForDispatchKey(c10::DispatchKey::CPU),
+      schema.name(), " has no phantom kernel, and no CPU kernel for phantom's "
+      "generic path to run; it is not supported on phantom yet");
   const size_t num_args = schema.arguments().size();
   const c10::ArrayRef<c10::IValue> args = torch::jit::last(stack, num_args);
   const c10::Device device = findDevice(op, args);

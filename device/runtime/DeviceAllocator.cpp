@@ -1,32 +1,32 @@
-// See phantom/DeviceAllocator.h.
+// See phantom/DeviceAllocator.h for the design.
 #include <phantom/DeviceAllocator.h>
 #include <phantom/Device.h>
 #include <phantom/Exception.h>
 #include <phantom/Launch.h>
+#include <phantom/Stream.h>
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <deque>
+#include <set>
+#include <unordered_set>
 
 namespace phantom {
+
+using c10::CachingAllocator::StatArray;
+using c10::CachingAllocator::StatType;
+using c10::CachingDeviceAllocator::BlockInfo;
+using c10::CachingDeviceAllocator::DeviceStats;
+using c10::CachingDeviceAllocator::SegmentInfo;
+
 namespace {
 
-using c10::CachingDeviceAllocator::DeviceStats;
-
-constexpr size_t kAggregate = static_cast<size_t>(c10::CachingAllocator::StatType::AGGREGATE);
-constexpr size_t kSmallPool = static_cast<size_t>(c10::CachingAllocator::StatType::SMALL_POOL);
-constexpr size_t kLargePool = static_cast<size_t>(c10::CachingAllocator::StatType::LARGE_POOL);
-constexpr size_t kSmallSize = 1 << 20;  // 1 MiB: largest "small" allocation
-
-void deleteDeviceMemory(void* ptr) {
-  deviceAllocator().free(ptr);
-}
-
-template <typename Fn>
-void forPools(size_t size, Fn&& fn) {
-  fn(kAggregate);
-  fn(size <= kSmallSize ? kSmallPool : kLargePool);
-}
+constexpr size_t kAggregate = static_cast<size_t>(StatType::AGGREGATE);
+constexpr size_t kSmallPool = static_cast<size_t>(StatType::SMALL_POOL);
+constexpr size_t kLargePool = static_cast<size_t>(StatType::LARGE_POOL);
 
 std::string formatBytes(size_t bytes) {
   char buffer[64];
@@ -40,68 +40,614 @@ std::string formatBytes(size_t bytes) {
   return buffer;
 }
 
+size_t roundSize(size_t size) {
+  return size < kMinBlockSize
+             ? kMinBlockSize
+             : kMinBlockSize * ((size + kMinBlockSize - 1) / kMinBlockSize);
+}
+
+size_t segmentSizeFor(size_t rounded) {
+  if (rounded <= kSmallSize) {
+    return kSmallBuffer;
+  }
+  if (rounded < kMinLargeAlloc) {
+    return kLargeBuffer;
+  }
+  return kRoundLarge * ((rounded + kRoundLarge - 1) / kRoundLarge);
+}
+
+struct Block;
+
+struct BlockComparator {
+  bool operator()(const Block* a, const Block* b) const;
+};
+
+struct BlockPool {
+  explicit BlockPool(bool small) : is_small(small) {}
+  std::set<Block*, BlockComparator> blocks;
+  const bool is_small;
+};
+
+struct Block {
+  c10::DeviceIndex device;
+  c10::StreamId stream;  // the stream it was allocated on
+  size_t size;           // bytes, a multiple of kMinBlockSize
+  size_t requested_size = 0;
+  BlockPool* pool;
+  void* ptr;
+  bool allocated = false;
+  Block* prev = nullptr;  // neighbours within the segment
+  Block* next = nullptr;
+  int pending_events = 0;  // record_stream events not yet completed
+  std::unordered_set<c10::StreamId> stream_uses;
+
+  Block(c10::DeviceIndex d, c10::StreamId s, size_t bytes, BlockPool* p,
+        void* address)
+      : device(d), stream(s), size(bytes), pool(p), ptr(address) {}
+
+  bool isSplit() const { return prev != nullptr || next != nullptr; }
+};
+
+bool BlockComparator::operator()(const Block* a, const Block* b) const {
+  if (a->stream != b->stream) {
+    return a->stream < b->stream;
+  }
+  if (a->size != b->size) {
+    return a->size < b->size;
+  }
+  return reinterpret_cast<uintptr_t>(a->ptr) <
+         reinterpret_cast<uintptr_t>(b->ptr);
+}
+
+void deleteBlock(void* context);
+
 }  // namespace
 
-DeviceStats& PhantomDeviceAllocator::statsOf(c10::DeviceIndex device) {
-  return stats_[device];
+// ---------------------------------------------------------------------------
+// One device's caching allocator.
+
+class DeviceCachingAllocator {
+ public:
+  DeviceCachingAllocator(c10::DeviceIndex device, const AllocatorSettings& settings)
+      : device_(device), settings_(settings) {
+    size_t free_bytes = 0;
+    PHANTOM_CHECK(ph_mem_get_info(device, &free_bytes, &capacity_));
+  }
+
+  Block* malloc(size_t requested, c10::StreamId stream) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    processEvents();
+    const size_t size = roundSize(requested);
+    BlockPool& pool = size <= kSmallSize ? small_ : large_;
+    Block* block = takeFreeBlock(pool, stream, size);
+    if (block == nullptr) {
+      block = newSegment(pool, stream, size, lock);
+    }
+    if (block == nullptr) {
+      throwOutOfMemory(requested, lock);
+    }
+    block = splitForRequest(block, size);
+    block->allocated = true;
+    block->requested_size = requested;
+    const size_t pool_type = block->pool->is_small ? kSmallPool : kLargePool;
+    update(stats_.allocation, pool_type, 1);
+    update(stats_.allocated_bytes, pool_type, block->size);
+    update(stats_.requested_bytes, pool_type, requested);
+    update(stats_.active, pool_type, 1);
+    update(stats_.active_bytes, pool_type, block->size);
+    if (block->size >= settings_.max_split_size) {
+      stats_.oversize_allocations.increase(1);
+    }
+    return block;
+  }
+
+  void free(Block* block) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    block->allocated = false;
+    const size_t pool_type = block->pool->is_small ? kSmallPool : kLargePool;
+    update(stats_.allocation, pool_type, -1);
+    update(stats_.allocated_bytes, pool_type, -int64_t(block->size));
+    update(stats_.requested_bytes, pool_type, -int64_t(block->requested_size));
+    if (block->size >= settings_.max_split_size) {
+      stats_.oversize_allocations.decrease(1);
+    }
+    if (!block->stream_uses.empty()) {
+      recordUseEvents(block);  // stays active until the events complete
+      return;
+    }
+    returnToPool(block);
+  }
+
+  void recordStream(Block* block, c10::StreamId stream) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (stream != block->stream) {
+      block->stream_uses.insert(stream);
+    }
+  }
+
+  void emptyCache() {
+    waitForPendingEvents();
+    synchronizeAllStreams(device_);
+    std::lock_guard<std::mutex> lock(mutex_);
+    stats_.num_sync_all_streams += 1;
+    processEvents();
+    releaseCachedSegments();
+  }
+
+  DeviceStats stats() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    DeviceStats copy = stats_;
+    copy.max_split_size = settings_.max_split_size == SIZE_MAX
+                              ? 0
+                              : static_cast<int64_t>(settings_.max_split_size);
+    return copy;
+  }
+
+  void resetAccumulated() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    forEachStatArray([](StatArray& array) {
+      for (auto& stat : array) {
+        stat.reset_accumulated();
+      }
+    });
+    stats_.num_alloc_retries = 0;
+    stats_.num_ooms = 0;
+    stats_.num_sync_all_streams = 0;
+    stats_.num_device_alloc = 0;
+    stats_.num_device_free = 0;
+    stats_.oversize_allocations.reset_accumulated();
+    stats_.oversize_segments.reset_accumulated();
+  }
+
+  void resetPeak() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    forEachStatArray([](StatArray& array) {
+      for (auto& stat : array) {
+        stat.reset_peak();
+      }
+    });
+    stats_.oversize_allocations.reset_peak();
+    stats_.oversize_segments.reset_peak();
+  }
+
+  void snapshot(std::vector<SegmentInfo>& out) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (Block* head : segments_) {
+      SegmentInfo segment;
+      segment.device = device_;
+      segment.address = reinterpret_cast<size_t>(head->ptr);
+      segment.stream = reinterpret_cast<void*>(head->stream);
+      segment.is_large = !head->pool->is_small;
+      for (Block* b = head; b != nullptr; b = b->next) {
+        BlockInfo info;
+        info.size = b->size;
+        info.requested_size = b->requested_size;
+        info.allocated = b->allocated;
+        info.active = b->allocated || b->pending_events > 0;
+        segment.total_size += b->size;
+        if (info.allocated) {
+          segment.allocated_size += b->size;
+          segment.requested_size += b->requested_size;
+        }
+        if (info.active) {
+          segment.active_size += b->size;
+        }
+        segment.blocks.push_back(std::move(info));
+      }
+      out.push_back(std::move(segment));
+    }
+  }
+
+ private:
+  template <typename Fn>
+  void forEachStatArray(Fn&& fn) {
+    for (StatArray* array :
+         {&stats_.allocation, &stats_.segment, &stats_.active,
+          &stats_.inactive_split, &stats_.allocated_bytes,
+          &stats_.reserved_bytes, &stats_.active_bytes,
+          &stats_.inactive_split_bytes, &stats_.requested_bytes}) {
+      fn(*array);
+    }
+  }
+
+  static void update(StatArray& array, size_t pool_type, int64_t amount) {
+    for (size_t index : {kAggregate, pool_type}) {
+      if (amount >= 0) {
+        array[index].increase(static_cast<size_t>(amount));
+      } else {
+        array[index].decrease(static_cast<size_t>(-amount));
+      }
+    }
+  }
+
+  // Pool membership, keeping the inactive-split statistics exact.
+  void insertFree(Block* block) {
+    block->pool->blocks.insert(block);
+    if (block->isSplit()) {
+      const size_t pool_type = block->pool->is_small ? kSmallPool : kLargePool;
+      update(stats_.inactive_split, pool_type, 1);
+      update(stats_.inactive_split_bytes, pool_type, block->size);
+    }
+  }
+
+  void eraseFree(Block* block) {
+    block->pool->blocks.erase(block);
+    if (block->isSplit()) {
+      const size_t pool_type = block->pool->is_small ? kSmallPool : kLargePool;
+      update(stats_.inactive_split, pool_type, -1);
+      update(stats_.inactive_split_bytes, pool_type, -int64_t(block->size));
+    }
+  }
+
+  Block* takeFreeBlock(BlockPool& pool, c10::StreamId stream, size_t size) {
+    Block key(device_, stream, size, &pool, nullptr);
+    auto it = pool.blocks.lower_bound(&key);
+    if (it == pool.blocks.end() || (*it)->stream != stream) {
+      return nullptr;
+    }
+    Block* block = *it;
+    // Big blocks are kept for big requests: never cut a small request out
+    // of a block past max_split_size, nor waste most of one.
+    if (size < settings_.max_split_size &&
+        block->size >= settings_.max_split_size) {
+      return nullptr;
+    }
+    if (size >= settings_.max_split_size &&
+        block->size >= size + kLargeBuffer) {
+      return nullptr;
+    }
+    eraseFree(block);
+    return block;
+  }
+
+  Block* newSegment(BlockPool& pool, c10::StreamId stream, size_t size,
+                    std::unique_lock<std::mutex>& lock) {
+    const size_t segment_size = segmentSizeFor(size);
+    maybeCollectGarbage(segment_size, lock);
+    void* ptr = nullptr;
+    ph_status_t status = ph_malloc(device_, segment_size, &ptr);
+    if (status == PH_ERROR_OUT_OF_MEMORY) {
+      // Give every cached segment back and try once more.
+      stats_.num_alloc_retries += 1;
+      releaseAfterSync(lock);
+      status = ph_malloc(device_, segment_size, &ptr);
+    }
+    if (status == PH_ERROR_OUT_OF_MEMORY) {
+      return nullptr;
+    }
+    PHANTOM_CHECK(status);
+    auto* block = new Block(device_, stream, segment_size, &pool, ptr);
+    segments_.insert(block);
+    const size_t pool_type = pool.is_small ? kSmallPool : kLargePool;
+    update(stats_.segment, pool_type, 1);
+    update(stats_.reserved_bytes, pool_type, segment_size);
+    stats_.num_device_alloc += 1;
+    if (segment_size >= settings_.max_split_size) {
+      stats_.oversize_segments.increase(1);
+    }
+    return block;
+  }
+
+  Block* splitForRequest(Block* block, size_t size) {
+    const size_t remaining = block->size - size;
+    const bool split = block->pool->is_small
+                           ? remaining >= kMinBlockSize
+                           : remaining > kSmallSize &&
+                                 block->size < settings_.max_split_size;
+    if (!split) {
+      return block;
+    }
+    auto* rest = new Block(device_, block->stream, remaining, block->pool,
+                           static_cast<char*>(block->ptr) + size);
+    rest->prev = block;
+    rest->next = block->next;
+    if (rest->next != nullptr) {
+      rest->next->prev = rest;
+    }
+    block->next = rest;
+    block->size = size;
+    insertFree(rest);
+    return block;
+  }
+
+  // The block (no longer allocated, no pending events) rejoins its pool,
+  // merged with free neighbours.
+  void returnToPool(Block* block) {
+    const size_t pool_type = block->pool->is_small ? kSmallPool : kLargePool;
+    update(stats_.active, pool_type, -1);
+    update(stats_.active_bytes, pool_type, -int64_t(block->size));
+    block->stream_uses.clear();
+    for (Block* neighbour : {block->prev, block->next}) {
+      if (neighbour == nullptr || neighbour->allocated ||
+          neighbour->pending_events > 0) {
+        continue;
+      }
+      eraseFree(neighbour);
+      if (neighbour == block->prev) {
+        // The segment's head stays the head: merge into the neighbour's place.
+        if (segments_.erase(neighbour) > 0) {
+          segments_.insert(block);
+        }
+        block->ptr = neighbour->ptr;
+        block->prev = neighbour->prev;
+        if (block->prev != nullptr) {
+          block->prev->next = block;
+        }
+      } else {
+        block->next = neighbour->next;
+        if (block->next != nullptr) {
+          block->next->prev = block;
+        }
+      }
+      block->size += neighbour->size;
+      delete neighbour;
+    }
+    insertFree(block);
+  }
+
+  void recordUseEvents(Block* block) {
+    for (c10::StreamId stream_id : block->stream_uses) {
+      const PhantomStream stream(c10::Stream(
+          c10::Stream::UNSAFE,
+          c10::Device(c10::DeviceType::PrivateUse1, device_), stream_id));
+      ph_event_t event = nullptr;
+      PHANTOM_CHECK(ph_event_create(PH_EVENT_DISABLE_TIMING, &event));
+      PHANTOM_CHECK(ph_event_record(event, stream.handle()));
+      block->pending_events += 1;
+      pending_.emplace_back(event, block);
+    }
+    block->stream_uses.clear();
+  }
+
+  // Blocks whose record_stream events have completed rejoin their pools.
+  void processEvents() {
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      const ph_status_t status = ph_event_query(it->first);
+      if (status == PH_NOT_READY) {
+        ++it;
+        continue;
+      }
+      // Reached, or the stream failed: either way the use is over.
+      (void)ph_event_destroy(it->first);
+      Block* block = it->second;
+      it = pending_.erase(it);
+      if (--block->pending_events == 0) {
+        returnToPool(block);
+      }
+    }
+  }
+
+  void waitForPendingEvents() {
+    std::vector<ph_event_t> events;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (const auto& entry : pending_) {
+        events.push_back(entry.first);
+      }
+    }
+    // Events are destroyed only under the lock by processEvents, which
+    // cannot run for them before this wait returns... unless another thread
+    // processes them first; ph_event_synchronize on a destroyed event is a
+    // harmless PH_ERROR_INVALID_HANDLE.
+    for (ph_event_t event : events) {
+      (void)ph_event_synchronize(event);
+    }
+  }
+
+  // Frees every cached whole segment, after making sure no queued work can
+  // still use it. A host thread waits for all the device's streams (without
+  // the lock). Device work must not wait for other streams (one of them
+  // may be waiting for it), so there only segments of idle streams, or of
+  // the stream the work runs on, are freed.
+  void releaseAfterSync(std::unique_lock<std::mutex>& lock) {
+    const bool from_device_work = inDeviceWork();
+    if (!from_device_work) {
+      lock.unlock();
+      synchronizeAllStreams(device_);
+      lock.lock();
+      stats_.num_sync_all_streams += 1;
+    }
+    processEvents();
+    releaseCachedSegments(from_device_work);
+  }
+
+  void releaseCachedSegments(bool only_idle_streams = false) {
+    for (BlockPool* pool : {&small_, &large_}) {
+      for (auto it = pool->blocks.begin(); it != pool->blocks.end();) {
+        Block* block = *it;
+        if (block->isSplit() ||
+            (only_idle_streams && !streamIsIdle(block->stream))) {
+          ++it;
+          continue;
+        }
+        it = pool->blocks.erase(it);
+        releaseSegment(block);
+      }
+    }
+  }
+
+  bool streamIsIdle(c10::StreamId stream_id) const {
+    const PhantomStream stream(c10::Stream(
+        c10::Stream::UNSAFE, c10::Device(c10::DeviceType::PrivateUse1, device_),
+        stream_id));
+    const ph_stream_t handle = stream.handle();
+    return handle == currentWorkStream() ||
+           ph_stream_query(handle) == PH_SUCCESS;
+  }
+
+  void releaseSegment(Block* block) {
+    if (ph_free(block->ptr) != PH_SUCCESS) {
+      std::fprintf(stderr, "phantom: ph_free(%p) failed: %s\n", block->ptr,
+                   ph_last_error_message());
+    }
+    const size_t pool_type = block->pool->is_small ? kSmallPool : kLargePool;
+    update(stats_.segment, pool_type, -1);
+    update(stats_.reserved_bytes, pool_type, -int64_t(block->size));
+    stats_.num_device_free += 1;
+    if (block->size >= settings_.max_split_size) {
+      stats_.oversize_segments.decrease(1);
+    }
+    segments_.erase(block);
+    delete block;
+  }
+
+  void maybeCollectGarbage(size_t segment_size,
+                           std::unique_lock<std::mutex>& lock) {
+    const double threshold = settings_.garbage_collection_threshold;
+    if (threshold <= 0) {
+      return;
+    }
+    const auto reserved = static_cast<double>(
+        stats_.reserved_bytes[kAggregate].current + segment_size);
+    if (reserved <= threshold * static_cast<double>(capacity_)) {
+      return;
+    }
+    releaseAfterSync(lock);
+  }
+
+  [[noreturn]] void throwOutOfMemory(size_t requested,
+                                     std::unique_lock<std::mutex>& lock) {
+    stats_.num_ooms += 1;
+    const int64_t allocated = stats_.allocated_bytes[kAggregate].current;
+    const int64_t reserved = stats_.reserved_bytes[kAggregate].current;
+    size_t free_bytes = 0;
+    size_t total = 0;
+    (void)ph_mem_get_info(device_, &free_bytes, &total);
+    lock.unlock();
+    TORCH_CHECK_WITH(
+        OutOfMemoryError, false, "phantom out of memory: tried to allocate ",
+        formatBytes(requested), " (", requested, " bytes) on phantom:",
+        static_cast<int>(device_), ". Device capacity ", formatBytes(total),
+        "; allocated by PyTorch ", formatBytes(allocated),
+        "; reserved by PyTorch ", formatBytes(reserved), " (",
+        formatBytes(reserved - allocated),
+        " of it cached, not in use); free on the device ",
+        formatBytes(free_bytes),
+        ". Free tensors you no longer need, use smaller batches, or raise "
+        "the capacity with PHANTOM_DEVICE_MEMORY.");
+  }
+
+  const c10::DeviceIndex device_;
+  const AllocatorSettings& settings_;
+  size_t capacity_ = 0;
+
+  std::mutex mutex_;  // guards everything below
+  BlockPool small_{true};
+  BlockPool large_{false};
+  std::set<Block*> segments_;  // the head block of each segment
+  std::deque<std::pair<ph_event_t, Block*>> pending_;
+  DeviceStats stats_;
+};
+
+// ---------------------------------------------------------------------------
+// Settings.
+
+AllocatorSettings parseAllocatorSettings(const std::string& text) {
+  AllocatorSettings settings;
+  size_t start = 0;
+  while (start < text.size()) {
+    size_t end = text.find(',', start);
+    if (end == std::string::npos) {
+      end = text.size();
+    }
+    const std::string item = text.substr(start, end - start);
+    start = end + 1;
+    if (item.empty()) {
+      continue;
+    }
+    const size_t colon = item.find(':');
+    TORCH_CHECK_VALUE(colon != std::string::npos,
+                      "PHANTOM_ALLOC_CONF: '", item,
+                      "' is not of the form key:value (e.g. max_split_size_mb:256)");
+    const std::string key = item.substr(0, colon);
+    const std::string value = item.substr(colon + 1);
+    char* parsed_end = nullptr;
+    if (key == "max_split_size_mb") {
+      const long long mb = std::strtoll(value.c_str(), &parsed_end, 10);
+      TORCH_CHECK_VALUE(!value.empty() && *parsed_end == '\0' &&
+                            mb > static_cast<long long>(kLargeBuffer >> 20),
+                        "PHANTOM_ALLOC_CONF: max_split_size_mb must be a whole "
+                        "number of MiB greater than ", kLargeBuffer >> 20,
+                        ", got '", value, "'");
+      settings.max_split_size = static_cast<size_t>(mb) << 20;
+    } else if (key == "garbage_collection_threshold") {
+      const double fraction = std::strtod(value.c_str(), &parsed_end);
+      TORCH_CHECK_VALUE(!value.empty() && *parsed_end == '\0' && fraction > 0 &&
+                            fraction < 1,
+                        "PHANTOM_ALLOC_CONF: garbage_collection_threshold must "
+                        "be a fraction between 0 and 1 (exclusive), got '",
+                        value, "'");
+      settings.garbage_collection_threshold = fraction;
+    } else {
+      TORCH_CHECK_VALUE(false, "PHANTOM_ALLOC_CONF: unknown option '", key,
+                        "'; known options are max_split_size_mb and "
+                        "garbage_collection_threshold");
+    }
+  }
+  return settings;
+}
+
+// ---------------------------------------------------------------------------
+// The c10::DeviceAllocator over all devices.
+
+namespace {
+
+void deleteBlock(void* context) {
+  if (context == nullptr) {
+    return;
+  }
+  deviceAllocator().releaseContext(context);
+}
+
+}  // namespace
+
+PhantomDeviceAllocator::PhantomDeviceAllocator() = default;
+PhantomDeviceAllocator::~PhantomDeviceAllocator() = default;
+
+const AllocatorSettings& PhantomDeviceAllocator::settings() {
+  std::call_once(init_, [this] {
+    const char* text = std::getenv("PHANTOM_ALLOC_CONF");
+    settings_ = parseAllocatorSettings(text == nullptr ? "" : text);
+    const c10::DeviceIndex count = deviceCountNoThrow();
+    for (c10::DeviceIndex device = 0; device < count; ++device) {
+      devices_.push_back(
+          std::make_unique<DeviceCachingAllocator>(device, settings_));
+    }
+  });
+  return settings_;
+}
+
+DeviceCachingAllocator& PhantomDeviceAllocator::forDevice(
+    c10::DeviceIndex device) {
+  settings();
+  checkDeviceIndex(device);
+  return *devices_[device];
 }
 
 c10::DataPtr PhantomDeviceAllocator::allocate(size_t nbytes) {
   const c10::DeviceIndex device = currentDevice();
   const c10::Device where(c10::DeviceType::PrivateUse1, device);
-  freeDeferred();
   if (nbytes == 0) {
-    return {nullptr, nullptr, &deleteDeviceMemory, where};
+    return {nullptr, nullptr, &deleteBlock, where};
   }
-  void* ptr = nullptr;
-  ph_status_t status = ph_malloc(device, nbytes, &ptr);
-  if (status == PH_ERROR_OUT_OF_MEMORY) {
-    // Memory freed inside device work may still be waiting for us.
-    freeDeferred();
-    status = ph_malloc(device, nbytes, &ptr);
+  const c10::StreamId stream = getCurrentPhantomStream(device).id();
+  Block* block = forDevice(device).malloc(nbytes, stream);
+  return {block->ptr, block, &deleteBlock, where};
+}
+
+void PhantomDeviceAllocator::releaseContext(void* context) noexcept {
+  auto* block = static_cast<Block*>(context);
+  try {
+    devices_[block->device]->free(block);
+  } catch (const std::exception& e) {
+    // A deleter cannot throw; the block stays out of the pool (leaked),
+    // which is safe, and the reason is reported.
+    std::fprintf(stderr, "phantom: freeing device memory failed: %s\n", e.what());
   }
-  if (status == PH_ERROR_OUT_OF_MEMORY) {
-    size_t free_bytes = 0;
-    size_t total_bytes = 0;
-    ph_mem_get_info(device, &free_bytes, &total_bytes);
-    int64_t allocated = 0;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      DeviceStats& stats = statsOf(device);
-      stats.num_ooms += 1;
-      allocated = stats.allocated_bytes[kAggregate].current;
-    }
-    TORCH_CHECK_WITH(
-        OutOfMemoryError, false, "phantom out of memory: tried to allocate ",
-        formatBytes(nbytes), " (", nbytes, " bytes) on phantom:",
-        static_cast<int>(device), ". Device capacity ",
-        formatBytes(total_bytes), "; allocated by PyTorch ",
-        formatBytes(allocated), "; reserved by PyTorch ",
-        formatBytes(allocated), "; free ", formatBytes(free_bytes),
-        ". Free tensors you no longer need, use smaller batches, or raise "
-        "the capacity with PHANTOM_DEVICE_MEMORY.");
-  }
-  PHANTOM_CHECK(status);
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    blocks_.emplace(ptr, Block{device, nbytes});
-    DeviceStats& stats = statsOf(device);
-    stats.num_device_alloc += 1;
-    forPools(nbytes, [&](size_t pool) {
-      stats.allocation[pool].increase(1);
-      stats.segment[pool].increase(1);
-      stats.active[pool].increase(1);
-      stats.allocated_bytes[pool].increase(nbytes);
-      stats.reserved_bytes[pool].increase(nbytes);
-      stats.active_bytes[pool].increase(nbytes);
-      stats.requested_bytes[pool].increase(nbytes);
-    });
-  }
-  return {ptr, ptr, &deleteDeviceMemory, where};
 }
 
 c10::DeleterFnPtr PhantomDeviceAllocator::raw_deleter() const {
-  return &deleteDeviceMemory;
+  return &deleteBlock;
 }
 
 void PhantomDeviceAllocator::copy_data(void* dest, const void* src,
@@ -111,120 +657,45 @@ void PhantomDeviceAllocator::copy_data(void* dest, const void* src,
   ph_pointer_attributes_t attributes{};
   PHANTOM_CHECK(ph_pointer_get_attributes(src, &attributes));
   if (attributes.type == PH_MEMORY_DEVICE) {
-    synchronizeDevice(static_cast<c10::DeviceIndex>(attributes.device));
+    synchronizeAllStreams(static_cast<c10::DeviceIndex>(attributes.device));
   }
   PHANTOM_CHECK(ph_memcpy(dest, src, count, PH_MEMCPY_DEVICE_TO_DEVICE));
 }
 
-void PhantomDeviceAllocator::free(void* ptr) noexcept {
-  if (ptr == nullptr) {
-    return;
-  }
-  if (inDeviceWork()) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    deferred_.push_back(ptr);
-    return;
-  }
-  freeDeferred();
-  freeNow(ptr);
-}
-
-void PhantomDeviceAllocator::freeDeferred() noexcept {
-  if (inDeviceWork()) {
-    return;
-  }
-  std::vector<void*> pending;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (deferred_.empty()) {
-      return;
-    }
-    pending.swap(deferred_);
-  }
-  for (void* ptr : pending) {
-    freeNow(ptr);
-  }
-}
-
-void PhantomDeviceAllocator::freeNow(void* ptr) noexcept {
-  Block block{};
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto it = blocks_.find(ptr);
-    if (it == blocks_.end()) {
-      std::fprintf(stderr, "phantom: freeing unknown device pointer %p\n", ptr);
-      return;
-    }
-    block = it->second;
-    blocks_.erase(it);
-  }
-  // Queued work may still read or write the block. A sticky stream error is
-  // reported by the stream's next sync; the memory is freed either way.
-  ph_device_synchronize(block.device);
-  if (ph_free(ptr) != PH_SUCCESS) {
-    std::fprintf(stderr, "phantom: ph_free(%p) failed: %s\n", ptr,
-                 ph_last_error_message());
-  }
-  std::lock_guard<std::mutex> lock(mutex_);
-  DeviceStats& stats = statsOf(block.device);
-  stats.num_device_free += 1;
-  forPools(block.size, [&](size_t pool) {
-    stats.allocation[pool].decrease(1);
-    stats.segment[pool].decrease(1);
-    stats.active[pool].decrease(1);
-    stats.allocated_bytes[pool].decrease(block.size);
-    stats.reserved_bytes[pool].decrease(block.size);
-    stats.active_bytes[pool].decrease(block.size);
-    stats.requested_bytes[pool].decrease(block.size);
-  });
-}
-
 void PhantomDeviceAllocator::emptyCache(c10::MempoolId_t /*mempool_id*/) {
-  // Nothing is cached; finish frees that device work handed back to us.
-  freeDeferred();
+  settings();
+  for (auto& device : devices_) {
+    device->emptyCache();
+  }
 }
 
-void PhantomDeviceAllocator::recordStream(const c10::DataPtr& /*ptr*/,
-                                          c10::Stream /*stream*/) {
-  // Frees synchronize the whole device, which covers every stream.
+void PhantomDeviceAllocator::recordStream(const c10::DataPtr& ptr,
+                                          c10::Stream stream) {
+  if (ptr.get_deleter() != &deleteBlock || ptr.get_context() == nullptr) {
+    return;  // not our memory (or empty): nothing to track
+  }
+  TORCH_CHECK(stream.device_type() == c10::DeviceType::PrivateUse1,
+              "record_stream needs a phantom stream, got a stream of ",
+              stream.device_type());
+  auto* block = static_cast<Block*>(ptr.get_context());
+  TORCH_CHECK(stream.device_index() == block->device,
+              "record_stream: the stream is on phantom:",
+              static_cast<int>(stream.device_index()),
+              " but the tensor's memory is on phantom:",
+              static_cast<int>(block->device));
+  forDevice(block->device).recordStream(block, stream.id());
 }
 
 DeviceStats PhantomDeviceAllocator::getDeviceStats(c10::DeviceIndex device) {
-  checkDeviceIndex(device);
-  std::lock_guard<std::mutex> lock(mutex_);
-  return statsOf(device);
+  return forDevice(device).stats();
 }
 
 void PhantomDeviceAllocator::resetAccumulatedStats(c10::DeviceIndex device) {
-  checkDeviceIndex(device);
-  std::lock_guard<std::mutex> lock(mutex_);
-  DeviceStats& stats = statsOf(device);
-  for (auto* array : {&stats.allocation, &stats.segment, &stats.active,
-                      &stats.inactive_split, &stats.allocated_bytes,
-                      &stats.reserved_bytes, &stats.active_bytes,
-                      &stats.inactive_split_bytes, &stats.requested_bytes}) {
-    for (auto& stat : *array) {
-      stat.reset_accumulated();
-    }
-  }
-  stats.num_alloc_retries = 0;
-  stats.num_ooms = 0;
-  stats.num_device_alloc = 0;
-  stats.num_device_free = 0;
+  forDevice(device).resetAccumulated();
 }
 
 void PhantomDeviceAllocator::resetPeakStats(c10::DeviceIndex device) {
-  checkDeviceIndex(device);
-  std::lock_guard<std::mutex> lock(mutex_);
-  DeviceStats& stats = statsOf(device);
-  for (auto* array : {&stats.allocation, &stats.segment, &stats.active,
-                      &stats.inactive_split, &stats.allocated_bytes,
-                      &stats.reserved_bytes, &stats.active_bytes,
-                      &stats.inactive_split_bytes, &stats.requested_bytes}) {
-    for (auto& stat : *array) {
-      stat.reset_peak();
-    }
-  }
+  forDevice(device).resetPeak();
 }
 
 std::pair<size_t, size_t> PhantomDeviceAllocator::getMemoryInfo(
@@ -236,14 +707,23 @@ std::pair<size_t, size_t> PhantomDeviceAllocator::getMemoryInfo(
   return {free_bytes, total_bytes};
 }
 
+std::vector<SegmentInfo> PhantomDeviceAllocator::snapshot() {
+  settings();
+  std::vector<SegmentInfo> segments;
+  for (auto& device : devices_) {
+    device->snapshot(segments);
+  }
+  return segments;
+}
+
 PhantomDeviceAllocator& deviceAllocator() {
   // Leaked on purpose: tensors may be freed by static destructors at exit.
   static auto* allocator = new PhantomDeviceAllocator();
   return *allocator;
 }
 
-// Registered with priority so that c10::GetAllocator(PrivateUse1) and
-// c10::getDeviceAllocator(PrivateUse1) find it as soon as the library loads.
+// Registered when the library loads so that c10::GetAllocator(PrivateUse1)
+// and c10::getDeviceAllocator(PrivateUse1) find it.
 static struct RegisterDeviceAllocator {
   RegisterDeviceAllocator() {
     c10::SetAllocator(c10::DeviceType::PrivateUse1, &deviceAllocator());

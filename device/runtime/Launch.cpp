@@ -12,11 +12,23 @@
 namespace phantom {
 namespace {
 
-thread_local bool in_device_work = false;
+thread_local ph_stream_t work_stream = nullptr;
 
-struct InDeviceWork {
-  InDeviceWork() { in_device_work = true; }
-  ~InDeviceWork() { in_device_work = false; }
+// Marks the calling worker as running work of `stream`, and makes the
+// stream's device and the stream itself current there, so allocations the
+// work makes land on that device and belong to that stream.
+class InDeviceWork {
+ public:
+  explicit InDeviceWork(const PhantomStream& stream)
+      : previous_(work_stream) {
+    work_stream = stream.handle();
+    PHANTOM_CHECK(ph_set_device(stream.device_index()));
+    setCurrentPhantomStream(stream);
+  }
+  ~InDeviceWork() { work_stream = previous_; }
+
+ private:
+  ph_stream_t previous_;
 };
 
 const char* whatOf(const std::exception& e) {
@@ -30,14 +42,12 @@ const char* whatOf(const std::exception& e) {
 
 struct AsyncWork {
   std::function<void()> work;
-  int device;
+  PhantomStream stream;
 
   static ph_status_t run(void* self, char* error, size_t error_size) {
-    InDeviceWork scope;
     auto* state = static_cast<AsyncWork*>(self);
     try {
-      // Allocations made by the work land on the stream's device.
-      PHANTOM_CHECK(ph_set_device(state->device));
+      InDeviceWork scope(state->stream);
       state->work();
       return PH_SUCCESS;
     } catch (const std::exception& e) {
@@ -49,32 +59,35 @@ struct AsyncWork {
   }
 
   static void release(void* self) {
-    InDeviceWork scope;  // captured tensors may be freed here
-    delete static_cast<AsyncWork*>(self);
+    auto* state = static_cast<AsyncWork*>(self);
+    const ph_stream_t previous = work_stream;
+    work_stream = state->stream.handle();  // captured tensors may be freed here
+    delete state;
+    work_stream = previous;
   }
 };
 
 // Shared between the host (waiting) and the worker (running).
 struct WaitedWork {
+  explicit WaitedWork(const PhantomStream& s) : stream(s) {}
   std::function<void()> work;
-  int device = 0;
+  PhantomStream stream;
   std::exception_ptr failure;
 
   static ph_status_t run(void* self, char*, size_t) {
-    InDeviceWork scope;
     auto* state = static_cast<std::shared_ptr<WaitedWork>*>(self)->get();
     try {
-      PHANTOM_CHECK(ph_set_device(state->device));
+      InDeviceWork scope(state->stream);
       state->work();
+      state->work = nullptr;  // drop captures on the worker, while it is ours
     } catch (...) {
       state->failure = std::current_exception();
+      state->work = nullptr;
     }
-    state->work = nullptr;  // drop captures on the worker, while it is ours
     return PH_SUCCESS;
   }
 
   static void release(void* self) {
-    InDeviceWork scope;
     delete static_cast<std::shared_ptr<WaitedWork>*>(self);
   }
 };
@@ -83,7 +96,7 @@ struct WaitedWork {
 
 void launchAsync(const PhantomStream& stream, const char* name,
                  std::function<void()> work) {
-  auto* state = new AsyncWork{std::move(work), stream.device_index()};
+  auto* state = new AsyncWork{std::move(work), stream};
   const ph_host_task_t task{name, &AsyncWork::run, &AsyncWork::release, state};
   // On failure the driver has already released (deleted) the state.
   PHANTOM_CHECK(ph_launch_host_func(stream.handle(), &task));
@@ -91,9 +104,8 @@ void launchAsync(const PhantomStream& stream, const char* name,
 
 void launchAndWait(const PhantomStream& stream, const char* name,
                    std::function<void()> work) {
-  auto state = std::make_shared<WaitedWork>();
+  auto state = std::make_shared<WaitedWork>(stream);
   state->work = std::move(work);
-  state->device = stream.device_index();
   auto* handle = new std::shared_ptr<WaitedWork>(state);
   const ph_host_task_t task{name, &WaitedWork::run, &WaitedWork::release,
                             handle};
@@ -105,7 +117,11 @@ void launchAndWait(const PhantomStream& stream, const char* name,
 }
 
 bool inDeviceWork() noexcept {
-  return in_device_work;
+  return work_stream != nullptr;
+}
+
+ph_stream_t currentWorkStream() noexcept {
+  return work_stream;
 }
 
 }  // namespace phantom

@@ -2,6 +2,7 @@
 // low-priority pool, 33..64 the high-priority pool.
 #include <phantom/Device.h>
 #include <phantom/Exception.h>
+#include <phantom/Launch.h>
 #include <phantom/Stream.h>
 
 #include <c10/util/Exception.h>
@@ -120,6 +121,19 @@ PhantomStream getStreamFromPool(int priority, c10::DeviceIndex device) {
 void setCurrentPhantomStream(PhantomStream stream) {
   checkDeviceIndex(stream.device_index());
   current_stream_ids[stream.device_index()] = stream.id();
+}
+
+void synchronizeAllStreams(c10::DeviceIndex device) {
+  checkDeviceIndex(device);
+  const ph_stream_t self = currentWorkStream();
+  for (const auto& slot : streamsOf(device).handles) {
+    const ph_stream_t handle = slot.load(std::memory_order_acquire);
+    if (handle != nullptr && handle != self) {
+      // A stream's sticky error is reported by its own sync; here only the
+      // waiting matters.
+      (void)ph_stream_synchronize(handle);
+    }
+  }
 }
 
 std::ostream& operator<<(std::ostream& out, const PhantomStream& stream) {

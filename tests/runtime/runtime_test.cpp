@@ -215,7 +215,10 @@ TEST(Allocator, IsTheDeviceAllocatorAndAccountsEveryByte) {
   const int64_t before = allocatedBytes(1);
   {
     at::Tensor x = at::empty({1000}, at::device(kPhantom1));
-    EXPECT_EQ(allocatedBytes(1), before + 4000);
+    // Sizes are rounded up to 512-byte blocks; the request is kept too.
+    EXPECT_EQ(allocatedBytes(1), before + 4096);
+    EXPECT_EQ(phantom::deviceAllocator().getDeviceStats(1).requested_bytes[0].current,
+              4000);
     auto [free_bytes, total] = allocator->getMemoryInfo(1);
     EXPECT_EQ(total, 256u << 20);
     EXPECT_LT(free_bytes, total);
@@ -250,6 +253,111 @@ TEST(Allocator, MemoryReleasedByDeviceWorkIsFreedWithoutDeadlock) {
   stream.synchronize();
   phantom::deviceAllocator().emptyCache();
   EXPECT_EQ(allocatedBytes(0), before);
+}
+
+int64_t reservedBytes(c10::DeviceIndex device) {
+  return phantom::deviceAllocator()
+      .getDeviceStats(device)
+      .reserved_bytes[0]
+      .current;
+}
+
+TEST(CachingAllocator, ReusesAFreedBlockOnTheSameStreamWithoutTheDriver) {
+  void* first = nullptr;
+  {
+    at::Tensor x = at::empty({256}, at::device(kPhantom0));
+    first = x.data_ptr();
+  }
+  const auto driver_allocs =
+      phantom::deviceAllocator().getDeviceStats(0).num_device_alloc;
+  at::Tensor y = at::empty({256}, at::device(kPhantom0));
+  EXPECT_EQ(y.data_ptr(), first);
+  EXPECT_EQ(phantom::deviceAllocator().getDeviceStats(0).num_device_alloc,
+            driver_allocs);
+}
+
+TEST(CachingAllocator, SmallRequestsShareASegmentAndMergeBackOnFree) {
+  phantom::deviceAllocator().emptyCache();
+  const int64_t reserved_before = reservedBytes(0);
+  {
+    at::Tensor a = at::empty({1000}, at::device(kPhantom0));
+    at::Tensor b = at::empty({1000}, at::device(kPhantom0));
+    // Both carved out of one 2 MiB small segment, next to each other.
+    EXPECT_EQ(reservedBytes(0), reserved_before + int64_t(phantom::kSmallBuffer));
+    EXPECT_EQ(static_cast<char*>(b.data_ptr()) - static_cast<char*>(a.data_ptr()),
+              4096);
+    const auto stats = phantom::deviceAllocator().getDeviceStats(0);
+    EXPECT_EQ(stats.inactive_split[0].current, 1);  // the rest of the segment
+  }
+  auto stats = phantom::deviceAllocator().getDeviceStats(0);
+  EXPECT_EQ(stats.inactive_split[0].current, 0);  // merged back whole
+  phantom::deviceAllocator().emptyCache();
+  EXPECT_EQ(reservedBytes(0), reserved_before);
+}
+
+TEST(CachingAllocator, AFreedBlockIsNotHandedToAnotherStream) {
+  const auto other = phantom::getStreamFromPool(false, 0);
+  void* first = nullptr;
+  {
+    at::Tensor x = at::empty({4096}, at::device(kPhantom0));
+    first = x.data_ptr();
+  }
+  c10::StreamGuard guard(other.unwrap());
+  at::Tensor y = at::empty({4096}, at::device(kPhantom0));
+  EXPECT_NE(y.data_ptr(), first);
+}
+
+TEST(CachingAllocator, RecordStreamKeepsMemoryUntilTheOtherStreamIsDone) {
+  const auto side = phantom::getStreamFromPool(false, 0);
+  at::Tensor result = at::zeros({1 << 16}, at::device(kPhantom0));
+  void* first = nullptr;
+  {
+    at::Tensor x = at::full({1 << 16}, 7.0, at::device(kPhantom0));
+    first = x.data_ptr();
+    phantom::getCurrentPhantomStream(0).synchronize();
+    StreamBlocker blocker(side);
+    {
+      c10::StreamGuard guard(side.unwrap());
+      result.copy_(x);  // queued on the side stream behind the blocker
+    }
+    x.record_stream(side.unwrap());
+    x.reset();  // freed on the host while the side stream still needs it
+    at::Tensor y = at::full({1 << 16}, 1.0, at::device(kPhantom0));
+    EXPECT_NE(y.data_ptr(), first) << "block reused before the side stream ran";
+    blocker.release();
+    side.synchronize();
+  }
+  EXPECT_EQ(result.sum().item<double>(), 7.0 * (1 << 16));
+  // Once the side stream has passed, the block is reusable again.
+  phantom::deviceAllocator().emptyCache();
+  at::Tensor z = at::empty({1 << 16}, at::device(kPhantom0));
+  EXPECT_GE(phantom::deviceAllocator().getDeviceStats(0).active[0].current, 1);
+}
+
+TEST(CachingAllocator, OutOfMemoryFreesTheCacheAndRetriesFirst) {
+  // 256 MiB device: cache 200 MiB, free it, then ask for 200 MiB again on
+  // another stream, which cannot reuse the cached block.
+  { at::Tensor big = at::empty({50 << 20}, at::device(kPhantom0)); }
+  EXPECT_GE(reservedBytes(0), 200 << 20);
+  const auto other = phantom::getStreamFromPool(false, 0);
+  c10::StreamGuard guard(other.unwrap());
+  at::Tensor again = at::empty({50 << 20}, at::device(kPhantom0));
+  const auto stats = phantom::deviceAllocator().getDeviceStats(0);
+  EXPECT_EQ(stats.num_alloc_retries, 1);
+  EXPECT_EQ(stats.num_ooms, 0);
+}
+
+TEST(CachingAllocator, SettingsAreParsedAndBadOnesAreClearErrors) {
+  auto settings = phantom::parseAllocatorSettings(
+      "max_split_size_mb:64,garbage_collection_threshold:0.5");
+  EXPECT_EQ(settings.max_split_size, size_t{64} << 20);
+  EXPECT_DOUBLE_EQ(settings.garbage_collection_threshold, 0.5);
+  EXPECT_EQ(phantom::parseAllocatorSettings("").max_split_size, SIZE_MAX);
+  for (const char* bad : {"max_split_size_mb:abc", "max_split_size_mb:4",
+                          "garbage_collection_threshold:1.5", "bogus:1",
+                          "max_split_size_mb"}) {
+    EXPECT_THROW(phantom::parseAllocatorSettings(bad), c10::ValueError) << bad;
+  }
 }
 
 TEST(Generator, SameSeedDrawsTheCpuNumbers) {

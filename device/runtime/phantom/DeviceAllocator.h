@@ -1,32 +1,68 @@
-// The device memory allocator PyTorch uses for phantom tensors.
+// The caching device allocator PyTorch uses for phantom tensors.
 //
-// This is the foundation's allocator: every allocation is a driver
-// allocation and every free returns memory to the driver, so its accounting
-// is exact and it never hides a leak. It is correct under asynchronous
-// streams without tracking them: a free first synchronizes the device (as
-// cudaFree does), so no queued work can still be using the memory. A free
-// that happens inside device work (a kernel's captured tensor released on
-// a stream worker) cannot wait for the device it runs on; it is deferred and
-// done by the next allocation or free on a host thread.
+// Asking the driver for memory (ph_malloc) is slow and returning it
+// (ph_free) needs the device to be idle, so, like CUDA's caching allocator,
+// this one keeps memory it got from the driver ("segments") and carves
+// blocks out of them:
 //
-// Out of memory raises c10::OutOfMemoryError (torch.OutOfMemoryError) whose
-// message gives requested, capacity, allocated, reserved and free bytes;
-// nothing is left allocated and the next, smaller request can succeed.
+//  - Sizes are rounded up to kMinBlockSize. Requests up to kSmallSize come
+//    from the small pool, carved out of kSmallBuffer segments; larger ones
+//    come from the large pool (segments of kLargeBuffer for requests below
+//    kMinLargeAlloc, else the size rounded up to kRoundLarge).
+//  - A block belongs to the stream that was current when it was allocated.
+//    A freed block goes back to its pool and is handed out again only to
+//    allocations on the same stream, whose later work is ordered after the
+//    work that used it. Best fit within (stream, size); blocks are split
+//    when the rest is big enough, and free neighbours merge on free.
+//  - Tensor.record_stream(s) marks a block as used on another stream; its
+//    free then records an event on each such stream and the block returns
+//    to the pool only once those events have completed.
+//  - Memory goes back to the driver only after waiting for the device's
+//    streams: on empty_cache(), when an allocation fails (free every cached
+//    segment, retry once), and past the garbage-collection threshold.
+//  - Out of memory after that raises c10::OutOfMemoryError with the full
+//    accounting: requested, capacity, allocated, reserved and free bytes.
 //
-// Locking: `mutex_` guards the block table, the statistics and the deferred
-// list. It is never held across a driver call that waits for the device.
+// Settings: PHANTOM_ALLOC_CONF="max_split_size_mb:N,garbage_collection_threshold:F"
+// (see docs/allocator.md). A malformed value is an error at start-up.
+//
+// Locking: one mutex per device guards that device's pools, blocks and
+// statistics. It is never held while waiting for a stream, and the GIL is
+// never taken. Frees may come from any thread, including stream workers.
 #pragma once
 
 #include <c10/core/CachingDeviceAllocator.h>
 
+#include <memory>
 #include <mutex>
-#include <unordered_map>
+#include <string>
 #include <vector>
 
 namespace phantom {
 
+constexpr size_t kMinBlockSize = 512;          // every size is a multiple of this
+constexpr size_t kSmallSize = 1 << 20;         // 1 MiB: largest "small" request
+constexpr size_t kSmallBuffer = 2 << 20;       // 2 MiB: segment size for small requests
+constexpr size_t kMinLargeAlloc = 10 << 20;    // 10 MiB: below this, large requests share
+constexpr size_t kLargeBuffer = 20 << 20;      // 20 MiB: ... a segment of this size
+constexpr size_t kRoundLarge = 2 << 20;        // 2 MiB: rounding of big segments
+
+struct AllocatorSettings {
+  size_t max_split_size = SIZE_MAX;       // blocks at least this big are never split
+  double garbage_collection_threshold = 0;  // 0: off; else fraction of capacity
+};
+
+// Parses a PHANTOM_ALLOC_CONF value; throws c10::ValueError saying what is
+// wrong and what is accepted.
+AllocatorSettings parseAllocatorSettings(const std::string& text);
+
+class DeviceCachingAllocator;
+
 class PhantomDeviceAllocator final : public c10::DeviceAllocator {
  public:
+  PhantomDeviceAllocator();
+  ~PhantomDeviceAllocator() override;
+
   c10::DataPtr allocate(size_t nbytes) override;
   c10::DeleterFnPtr raw_deleter() const override;
   void copy_data(void* dest, const void* src, std::size_t count) const override;
@@ -40,24 +76,21 @@ class PhantomDeviceAllocator final : public c10::DeviceAllocator {
   void resetPeakStats(c10::DeviceIndex device) override;
   std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex device) override;
 
-  // Frees `ptr` (from allocate) as described above. Never throws.
-  void free(void* ptr) noexcept;
+  // Every segment of every device with its blocks (torch.phantom.memory_snapshot).
+  std::vector<c10::CachingDeviceAllocator::SegmentInfo> snapshot();
+
+  // The settings in force (from PHANTOM_ALLOC_CONF); throws if malformed.
+  const AllocatorSettings& settings();
+
+  // Frees the memory behind a DataPtr's context (its deleter). Any thread.
+  void releaseContext(void* context) noexcept;
 
  private:
-  struct Block {
-    c10::DeviceIndex device;
-    size_t size;
-  };
+  DeviceCachingAllocator& forDevice(c10::DeviceIndex device);
 
-  void freeDeferred() noexcept;
-  void freeNow(void* ptr) noexcept;
-  c10::CachingDeviceAllocator::DeviceStats& statsOf(c10::DeviceIndex device);
-
-  std::mutex mutex_;
-  std::unordered_map<void*, Block> blocks_;
-  std::vector<void*> deferred_;
-  std::unordered_map<c10::DeviceIndex, c10::CachingDeviceAllocator::DeviceStats>
-      stats_;
+  std::once_flag init_;
+  AllocatorSettings settings_;
+  std::vector<std::unique_ptr<DeviceCachingAllocator>> devices_;
 };
 
 PhantomDeviceAllocator& deviceAllocator();

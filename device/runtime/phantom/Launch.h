@@ -21,9 +21,13 @@ void launchAsync(const PhantomStream& stream, const char* name,
 void launchAndWait(const PhantomStream& stream, const char* name,
                    std::function<void()> work);
 
-// True while the calling thread is running work launched by the two calls
-// above. Host-only operations (device synchronize, freeing device memory
-// at once) must not be done from there.
+// True while the calling thread is running (or releasing) work launched by
+// the two calls above. Host-only operations, such as waiting for the
+// device, must not be done from there.
 bool inDeviceWork() noexcept;
+
+// The driver stream whose work the calling thread is running, or nullptr
+// on a host thread.
+ph_stream_t currentWorkStream() noexcept;
 
 }  // namespace phantom

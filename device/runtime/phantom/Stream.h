@@ -60,6 +60,13 @@ PhantomStream getStreamFromPool(int priority, c10::DeviceIndex device);
 // Makes `stream` current on its device for this thread.
 void setCurrentPhantomStream(PhantomStream stream);
 
+// Waits for every stream of `device` that the runtime has created, except
+// the one whose work the calling thread is running (its earlier work is
+// done, by FIFO order). Safe from host threads and from device work alike;
+// this is what must happen before device memory goes back to the driver.
+// Sticky stream errors are not raised here (each stream's own sync does).
+void synchronizeAllStreams(c10::DeviceIndex device);
+
 std::ostream& operator<<(std::ostream& out, const PhantomStream& stream);
 
 }  // namespace phantom
