@@ -230,13 +230,7 @@ class ResultMapper {
       return phantomViewLike(*storage, cpu);
     }
     // Memory the CPU kernel allocated: move it to the device.
-    at::Tensor out = cpu.is_non_overlapping_and_dense()
-                         ? at::empty_strided(cpu.sizes(), cpu.strides(),
-                                             cpu.options().device(device_))
-                         : at::empty(cpu.sizes(), cpu.options().device(device_));
-    KernelAliases out_alias;
-    out_alias.alias(out).copy_(cpu);
-    return out;
+    return newDeviceTensorFrom(cpu, device_);
   }
 
   const KernelAliases& aliases_;

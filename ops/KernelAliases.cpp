@@ -2,6 +2,8 @@
 #include <phantom/Exception.h>
 #include <phantom/ops/KernelAliases.h>
 
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_strided.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/TensorImpl.h>
 #include <c10/util/Exception.h>
@@ -10,51 +12,106 @@
 
 namespace phantom {
 
+DeviceTensorRef::DeviceTensorRef(const at::Tensor& tensor)
+    : storage_data(tensor.storage().mutable_data()),
+      storage_nbytes(tensor.storage().nbytes()),
+      sizes(tensor.sizes().vec()),
+      strides(tensor.strides().vec()),
+      storage_offset(tensor.storage_offset()),
+      dtype(tensor.dtype()),
+      is_conj(tensor.is_conj()),
+      is_neg(tensor.is_neg()) {
+  TORCH_INTERNAL_ASSERT(tensor.device().type() == c10::DeviceType::PrivateUse1);
+}
+
+KernelAliases::Entry& KernelAliases::entryFor(const void* key,
+                                              void* device_address,
+                                              size_t nbytes) {
+  auto it = by_key_.find(key);
+  if (it != by_key_.end()) {
+    return it->second;
+  }
+  void* kernel_address = nullptr;
+  if (device_address != nullptr) {
+    PHANTOM_CHECK(ph_kernel_address(device_address, &kernel_address));
+  }
+  c10::Storage cpu(c10::Storage::use_byte_size_t(), nbytes,
+                   c10::DataPtr(kernel_address, c10::Device(c10::kCPU)),
+                   c10::GetCPUAllocator(), /*resizable=*/true);
+  Entry& entry = by_key_
+                     .emplace(key,
+                              Entry{std::nullopt, std::move(cpu),
+                                    kernel_address, nbytes})
+                     .first->second;
+  by_cpu_.emplace(entry.cpu.unsafeGetStorageImpl(), &entry);
+  return entry;
+}
+
+at::Tensor KernelAliases::makeAlias(Entry& entry, const DeviceTensorRef& ref) {
+  auto cpu = at::detail::make_tensor<c10::TensorImpl>(
+      c10::Storage(entry.cpu), c10::DispatchKeySet(c10::DispatchKey::CPU),
+      ref.dtype);
+  c10::TensorImpl* impl = cpu.unsafeGetTensorImpl();
+  impl->set_sizes_and_strides(ref.sizes, ref.strides, ref.storage_offset);
+  // Lazy conjugation and negation are part of a tensor's value.
+  impl->_set_conj(ref.is_conj);
+  impl->_set_neg(ref.is_neg);
+  return cpu;
+}
+
+at::Tensor KernelAliases::alias(const DeviceTensorRef& ref) {
+  if (ref.storage_data == nullptr) {
+    // No memory to alias: a private empty storage.
+    Entry scratch{std::nullopt,
+                  c10::Storage(c10::Storage::use_byte_size_t(), 0,
+                               c10::DataPtr(nullptr, c10::Device(c10::kCPU)),
+                               c10::GetCPUAllocator(), /*resizable=*/true),
+                  nullptr, 0};
+    return makeAlias(scratch, ref);
+  }
+  return makeAlias(entryFor(ref.storage_data, ref.storage_data,
+                            ref.storage_nbytes),
+                   ref);
+}
+
 at::Tensor KernelAliases::alias(const at::Tensor& tensor) {
   if (!tensor.defined()) {
     return tensor;
   }
-  TORCH_INTERNAL_ASSERT(tensor.device().type() == c10::DeviceType::PrivateUse1);
-  const c10::Storage& storage = tensor.storage();
-  const c10::StorageImpl* key = storage.unsafeGetStorageImpl();
-  auto it = by_phantom_.find(key);
-  if (it == by_phantom_.end()) {
-    void* kernel_address = nullptr;
-    if (storage.data() != nullptr) {
-      PHANTOM_CHECK(ph_kernel_address(storage.data(), &kernel_address));
-    }
-    c10::Storage cpu_storage(
-        c10::Storage::use_byte_size_t(), storage.nbytes(),
-        c10::DataPtr(kernel_address, c10::Device(c10::DeviceType::CPU)),
-        c10::GetCPUAllocator(), /*resizable=*/true);
-    it = by_phantom_
-             .emplace(key, Entry{storage, std::move(cpu_storage),
-                                 kernel_address, storage.nbytes()})
-             .first;
-    by_cpu_.emplace(it->second.cpu.unsafeGetStorageImpl(), &it->second);
+  const DeviceTensorRef ref(tensor);
+  const void* key = ref.storage_data != nullptr
+                        ? ref.storage_data
+                        : static_cast<const void*>(
+                              tensor.storage().unsafeGetStorageImpl());
+  Entry& entry = entryFor(key, ref.storage_data, ref.storage_nbytes);
+  if (!entry.phantom.has_value()) {
+    entry.phantom = tensor.storage();
   }
-  auto cpu = at::detail::make_tensor<c10::TensorImpl>(
-      c10::Storage(it->second.cpu), c10::DispatchKeySet(c10::DispatchKey::CPU),
-      tensor.dtype());
-  c10::TensorImpl* impl = cpu.unsafeGetTensorImpl();
-  impl->set_sizes_and_strides(tensor.sizes(), tensor.strides(),
-                              tensor.storage_offset());
-  // Lazy conjugation and negation are part of a tensor's value.
-  impl->_set_conj(tensor.is_conj());
-  impl->_set_neg(tensor.is_neg());
-  tensors_.emplace_back(tensor, cpu);
+  at::Tensor cpu = makeAlias(entry, ref);
+  tensors_.push_back(Aliased{tensor, cpu, &entry});
   return cpu;
 }
 
+const c10::Storage* KernelAliases::phantomStorageOf(const at::Tensor& cpu) const {
+  if (!cpu.defined() || !cpu.has_storage()) {
+    return nullptr;
+  }
+  auto it = by_cpu_.find(cpu.storage().unsafeGetStorageImpl());
+  if (it == by_cpu_.end() || !it->second->phantom.has_value()) {
+    return nullptr;
+  }
+  return &*it->second->phantom;
+}
+
 void KernelAliases::writeBack() {
-  for (auto& [key, entry] : by_phantom_) {
+  // Storages the kernel grew (into host memory): move them to the device.
+  for (auto& [key, entry] : by_key_) {
     const c10::Storage& cpu = entry.cpu;
-    if (cpu.data() == entry.kernel_address && cpu.nbytes() == entry.nbytes) {
+    if (!entry.phantom.has_value() ||
+        (cpu.data() == entry.kernel_address && cpu.nbytes() == entry.nbytes)) {
       continue;
     }
-    // The kernel resized the storage into host memory: move it to the
-    // device. The old device buffer is freed by its DataPtr.
-    c10::StorageImpl* phantom = entry.phantom.unsafeGetStorageImpl();
+    c10::StorageImpl* phantom = entry.phantom->unsafeGetStorageImpl();
     TORCH_CHECK(phantom->resizable(),
                 "an operation tried to resize a phantom tensor whose storage "
                 "is not resizable");
@@ -67,7 +124,14 @@ void KernelAliases::writeBack() {
     phantom->set_data_ptr_noswap(std::move(fresh));
     phantom->set_nbytes(cpu.nbytes());
   }
-  for (auto& [phantom, cpu] : tensors_) {
+  // Tensors the kernel resized or pointed at other memory.
+  for (Aliased& aliased : tensors_) {
+    const at::Tensor& phantom = aliased.phantom;
+    const at::Tensor& cpu = aliased.cpu;
+    if (cpu.storage().unsafeGetStorageImpl() !=
+        aliased.entry->cpu.unsafeGetStorageImpl()) {
+      adoptStorage(phantom, cpu);
+    }
     if (phantom.sizes() != cpu.sizes() || phantom.strides() != cpu.strides() ||
         phantom.storage_offset() != cpu.storage_offset()) {
       phantom.unsafeGetTensorImpl()->set_sizes_and_strides(
@@ -76,12 +140,25 @@ void KernelAliases::writeBack() {
   }
 }
 
-const c10::Storage* KernelAliases::phantomStorageOf(const at::Tensor& cpu) const {
-  if (!cpu.defined() || !cpu.has_storage()) {
-    return nullptr;
+void KernelAliases::adoptStorage(const at::Tensor& phantom,
+                                 const at::Tensor& cpu) {
+  c10::TensorImpl* impl = phantom.unsafeGetTensorImpl();
+  if (const c10::Storage* known = phantomStorageOf(cpu)) {
+    impl->set_storage_keep_dtype(*known);  // now shares another argument's
+    return;
   }
-  auto it = by_cpu_.find(cpu.storage().unsafeGetStorageImpl());
-  return it == by_cpu_.end() ? nullptr : &it->second->phantom;
+  // Host memory the kernel allocated: copy it into a new device storage.
+  const c10::Storage& host = cpu.storage();
+  c10::Allocator* allocator = phantom.storage().allocator();
+  c10::Storage fresh(c10::Storage::use_byte_size_t(), host.nbytes(),
+                     allocator->allocate(host.nbytes()), allocator,
+                     /*resizable=*/true);
+  if (host.nbytes() > 0) {
+    void* kernel_address = nullptr;
+    PHANTOM_CHECK(ph_kernel_address(fresh.mutable_data(), &kernel_address));
+    std::memcpy(kernel_address, host.data(), host.nbytes());
+  }
+  impl->set_storage_keep_dtype(std::move(fresh));
 }
 
 at::Tensor phantomViewLike(const c10::Storage& storage, const at::Tensor& cpu) {
@@ -93,6 +170,19 @@ at::Tensor phantomViewLike(const c10::Storage& storage, const at::Tensor& cpu) {
   impl->_set_conj(cpu.is_conj());
   impl->_set_neg(cpu.is_neg());
   return view;
+}
+
+at::Tensor newDeviceTensorFrom(const at::Tensor& cpu, c10::Device device) {
+  if (!cpu.defined()) {
+    return cpu;
+  }
+  at::Tensor out = cpu.is_non_overlapping_and_dense()
+                       ? at::empty_strided(cpu.sizes(), cpu.strides(),
+                                           cpu.options().device(device))
+                       : at::empty(cpu.sizes(), cpu.options().device(device));
+  KernelAliases aliases;
+  aliases.alias(out).copy_(cpu);
+  return out;
 }
 
 }  // namespace phantom

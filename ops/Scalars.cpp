@@ -19,9 +19,9 @@ namespace {
 at::Tensor& fillScalar(at::Tensor& self, const at::Scalar& value) {
   const c10::DeviceGuard guard(self.device());
   launchAsync(getCurrentPhantomStream(self.device().index()), "aten::fill_",
-              [self, value] {
+              [target = DeviceTensorRef(self), value] {
                 KernelAliases aliases;
-                aliases.alias(self).fill_(value);
+                aliases.alias(target).fill_(value);
               });
   return self;
 }

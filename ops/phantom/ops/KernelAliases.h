@@ -7,34 +7,55 @@
 // addresses with the phantom tensors' sizes, strides and offsets, so a CPU
 // kernel reads and writes device memory directly, without copies.
 //
-// Storages are aliased once per KernelAliases: two phantom views of one
-// storage become two CPU views of one CPU storage, so the CPU kernels'
-// overlap checks see the aliasing a user created. phantomStorageOf maps a
-// CPU result back to the phantom storage it lives in (a view or an
-// in-place result).
+// Storages are aliased once per KernelAliases (keyed by device address):
+// two phantom views of one storage become two CPU views of one CPU storage,
+// so the CPU kernels' overlap checks see the aliasing a user created.
 //
-// CPU kernels resize out= arguments. An alias storage is therefore
-// resizable, backed by the CPU allocator: a kernel that grows it gets host
-// memory (holding the old bytes), and writeBack() then moves that storage
-// into a new device buffer and gives the phantom tensors the sizes and
-// strides the kernel gave their aliases.
+// Queued kernels hold DeviceTensorRefs, not tensors: like a kernel on real
+// hardware they keep no reference to the memory they use. Whether that
+// memory is still valid when they run is the caching allocator's stream
+// semantics (and record_stream), exactly as on a GPU, so a missing
+// synchronisation in user code shows up on phantom too.
+//
+// For the generic path (which waits for its work) aliases of real tensors
+// also support mapping results back: phantomStorageOf finds the phantom
+// storage a CPU result lives in, and writeBack carries a kernel's resizes
+// of out= arguments back (an alias storage is resizable, backed by the CPU
+// allocator; a grown one is moved into a new device buffer).
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
+#include <optional>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
 namespace phantom {
 
+// A phantom tensor's memory and geometry, without ownership.
+struct DeviceTensorRef {
+  explicit DeviceTensorRef(const at::Tensor& tensor);
+
+  void* storage_data;
+  size_t storage_nbytes;
+  std::vector<int64_t> sizes;
+  std::vector<int64_t> strides;
+  int64_t storage_offset;
+  caffe2::TypeMeta dtype;
+  bool is_conj;
+  bool is_neg;
+};
+
 class KernelAliases {
  public:
   // A CPU tensor over `tensor`'s device memory. `tensor` must be a phantom
   // tensor (or undefined, which is returned as is).
   at::Tensor alias(const at::Tensor& tensor);
+  at::Tensor alias(const DeviceTensorRef& ref);
 
-  // The phantom storage whose CPU alias `cpu` lives in, or nullptr.
+  // The phantom storage whose CPU alias `cpu` lives in, or nullptr. Only
+  // storages aliased through alias(const at::Tensor&) are known.
   const c10::Storage* phantomStorageOf(const at::Tensor& cpu) const;
 
   // After the kernel ran: carries resizes of aliases back to the phantom
@@ -43,18 +64,34 @@ class KernelAliases {
 
  private:
   struct Entry {
-    c10::Storage phantom;
+    std::optional<c10::Storage> phantom;
     c10::Storage cpu;
     void* kernel_address;
     size_t nbytes;
   };
-  std::vector<std::pair<at::Tensor, at::Tensor>> tensors_;  // phantom, alias
-  // Keyed by the CPU alias storage's impl, and by the phantom one.
+  // `key` is the device address, or for storages without memory (null
+  // data) the StorageImpl, so that two empty tensors stay two storages.
+  Entry& entryFor(const void* key, void* device_address, size_t nbytes);
+  at::Tensor makeAlias(Entry& entry, const DeviceTensorRef& ref);
+  // Gives `phantom` the memory of `cpu`'s storage after a kernel replaced it.
+  void adoptStorage(const at::Tensor& phantom, const at::Tensor& cpu);
+
+  struct Aliased {
+    at::Tensor phantom;
+    at::Tensor cpu;
+    Entry* entry;
+  };
+  std::vector<Aliased> tensors_;
+  std::unordered_map<const void*, Entry> by_key_;
   std::unordered_map<const c10::StorageImpl*, const Entry*> by_cpu_;
-  std::unordered_map<const c10::StorageImpl*, Entry> by_phantom_;
 };
 
 // A phantom tensor that views `storage` with `cpu`'s dtype and geometry.
 at::Tensor phantomViewLike(const c10::Storage& storage, const at::Tensor& cpu);
+
+// Inside device work: a new phantom tensor on `device` holding a copy of
+// the CPU tensor `cpu` (same strides when they are dense). Undefined stays
+// undefined.
+at::Tensor newDeviceTensorFrom(const at::Tensor& cpu, c10::Device device);
 
 }  // namespace phantom
