@@ -1,0 +1,120 @@
+"""Shared setup of the user-facing pytest suite.
+
+The environment defaults below are set before torch (and so the phantom
+driver) is imported: two devices, so cross-device behaviour is covered, and
+1 GiB of memory per device, so out-of-memory tests are fast and
+deterministic. A caller may override either variable.
+"""
+
+import os
+
+os.environ.setdefault("PHANTOM_DEVICE_COUNT", "2")
+os.environ.setdefault("PHANTOM_DEVICE_MEMORY", "1GiB")
+
+import json  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import textwrap  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+import torch_phantom  # noqa: E402,F401
+
+DEVICE_COUNT = int(os.environ["PHANTOM_DEVICE_COUNT"])
+
+
+def run_python(code, extra_env=None, timeout=60):
+    """Runs ``code`` in a fresh interpreter with this process's environment
+    (PYTHONPATH included, so dev builds and installed packages both work)
+    plus ``extra_env``; returns the CompletedProcess (text mode)."""
+    env = dict(os.environ)
+    if extra_env:
+        env.update(extra_env)
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.fixture(autouse=True)
+def _restore_current_device():
+    """Every test starts on phantom:0 and leaves the device synchronized, so
+    one test's set_device or queued work cannot leak into the next."""
+    torch.phantom.set_device(0)
+    yield
+    torch.phantom.set_device(0)
+    for index in range(torch.phantom.device_count()):
+        torch.phantom.synchronize(index)
+
+
+@pytest.fixture
+def two_devices():
+    if torch.phantom.device_count() < 2:
+        pytest.skip("needs PHANTOM_DEVICE_COUNT >= 2")
+
+
+def assert_passes_in_subprocess(code, extra_env=None):
+    """Runs test ``code`` (after ``import torch, torch_phantom``) in a fresh
+    interpreter and fails unless it exits cleanly. For checks whose failure
+    mode may be a crash (a segfault or stack overflow in the backend), so
+    that one bug cannot take the rest of the suite down with it."""
+    result = run_python("import torch, torch_phantom\n" + code, extra_env)
+    assert result.returncode == 0, (
+        f"subprocess exited with {result.returncode}\n"
+        f"--- stdout ---\n{result.stdout}\n--- stderr ---\n{result.stderr[-4000:]}"
+    )
+    return result
+
+
+_FORKED_HARNESS = """
+import json, os, sys, tempfile, traceback
+import torch, torch_phantom
+cases = json.loads(sys.argv[1])
+prelude = sys.argv[2]
+results = {}
+for name, code in cases.items():
+    log = tempfile.TemporaryFile(mode="w+")
+    pid = os.fork()
+    if pid == 0:  # child: the device is first initialised here
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+        try:
+            exec(compile(prelude + "\\n" + code, name, "exec"), {"torch": torch})
+        except BaseException:
+            traceback.print_exc()
+            sys.stdout.flush(); sys.stderr.flush()
+            os._exit(1)
+        sys.stdout.flush(); sys.stderr.flush()
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    log.seek(0)
+    results[name] = [os.waitstatus_to_exitcode(status), log.read()[-3000:]]
+print("RESULTS" + json.dumps(results))
+"""
+
+
+def run_cases_forked(cases, prelude=""):
+    """Runs each snippet of ``cases`` ({name: code}) in its own process and
+    returns {name: (exit code, output)}; a negative exit code is the signal
+    that killed it. One interpreter imports torch once and forks a child per
+    case before the device is initialised, so a case that crashes the
+    process (a backend bug) fails alone, at a fraction of the cost of a
+    fresh interpreter per case."""
+    result = subprocess.run(
+        [sys.executable, "-c", _FORKED_HARNESS, json.dumps(cases), textwrap.dedent(prelude)],
+        env=os.environ,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    marker = [line for line in result.stdout.splitlines() if line.startswith("RESULTS")]
+    assert result.returncode == 0 and marker, result.stderr[-4000:]
+    return {name: tuple(v) for name, v in json.loads(marker[-1][len("RESULTS"):]).items()}
+
+
+def assert_case_passed(results, name):
+    code, output = results[name]
+    assert code == 0, f"case {name!r} exited with {code}:\n{output}"

@@ -1,0 +1,271 @@
+"""Errors a user can make, reported as Python exceptions, and the process
+goes on working afterwards.
+
+Covers device indices out of range, ops mixing devices, requests beyond a
+device's capacity (``torch.OutOfMemoryError``), errors raised inside a
+kernel, and an invalid driver configuration (which must not break
+``import torch_phantom``).
+"""
+
+import pytest
+import torch
+
+from conftest import run_python
+
+
+def assert_device_works(device="phantom"):
+    x = torch.arange(4.0, device=device)
+    torch.testing.assert_close((x * 2).cpu(), torch.arange(4.0) * 2)
+
+
+# --------------------------------------------------------------------------
+# Device indices
+# --------------------------------------------------------------------------
+
+
+def test_factory_on_out_of_range_device():
+    with pytest.raises(RuntimeError, match="out of range"):
+        torch.randn(2, device="phantom:7")
+    assert_device_works()
+
+
+def test_to_out_of_range_device():
+    with pytest.raises(RuntimeError, match="out of range"):
+        torch.ones(2).to("phantom:2")
+    assert_device_works()
+
+
+def test_set_device_out_of_range():
+    with pytest.raises(RuntimeError, match="out of range"):
+        torch.phantom.set_device(5)
+    assert torch.phantom.current_device() == 0
+    with pytest.raises(RuntimeError, match="out of range"):
+        with torch.phantom.device(5):
+            pass
+    assert torch.phantom.current_device() == 0
+    assert_device_works()
+
+
+def test_negative_device_index():
+    # torch.device itself rejects negative indices ...
+    with pytest.raises(RuntimeError):
+        torch.device("phantom", -2)
+    with pytest.raises(RuntimeError):
+        torch.device("phantom:-1")
+    # ... and, as torch.cuda.set_device, a negative int selects nothing.
+    torch.phantom.set_device(-1)
+    assert torch.phantom.current_device() == 0
+    assert_device_works()
+
+
+def test_synchronize_out_of_range():
+    with pytest.raises(RuntimeError, match="out of range"):
+        torch.phantom.synchronize(9)
+
+
+# --------------------------------------------------------------------------
+# Mixing devices
+# --------------------------------------------------------------------------
+
+
+def test_two_phantom_devices_in_one_op(two_devices):
+    a = torch.ones(3, device="phantom:0")
+    b = torch.ones(3, device="phantom:1")
+    with pytest.raises(RuntimeError, match="same device"):
+        a + b
+    with pytest.raises(RuntimeError, match="same device"):
+        torch.mm(a.view(3, 1), b.view(1, 3))
+    with pytest.raises(RuntimeError, match="same device"):
+        torch.cat([a, b])
+    # Moving explicitly is the fix.
+    torch.testing.assert_close((a + b.to("phantom:0")).cpu(), torch.full((3,), 2.0))
+
+
+def test_phantom_and_cpu_tensor_in_one_op():
+    a = torch.ones(3, device="phantom")
+    with pytest.raises(RuntimeError, match="same device"):
+        a + torch.ones(3)
+    with pytest.raises(RuntimeError, match="same device"):
+        torch.ones(3) * a
+    with pytest.raises(RuntimeError, match="same device"):
+        torch.mm(a.view(3, 1), torch.ones(1, 3))
+    with pytest.raises(RuntimeError, match="same device"):
+        a.index_select(0, torch.tensor([0, 1]))
+    assert_device_works()
+
+
+def test_cpu_zero_dim_tensor_is_allowed():
+    a = torch.arange(3.0, device="phantom")
+    for result in (a + torch.tensor(2.0), torch.tensor(2.0) * a, torch.where(a > 0, a, torch.tensor(-1.0))):
+        assert result.is_phantom
+    torch.testing.assert_close((a + torch.tensor(2.0)).cpu(), torch.arange(3.0) + 2)
+    torch.testing.assert_close((torch.tensor(2.0) * a).cpu(), torch.arange(3.0) * 2)
+
+
+def test_cpu_index_tensor_for_indexing_is_allowed():
+    # As on CUDA, advanced indexing accepts CPU indices.
+    a_cpu = torch.arange(10.0)
+    a = a_cpu.to("phantom")
+    idx = torch.tensor([1, 5, 7])
+    torch.testing.assert_close(a[idx].cpu(), a_cpu[idx])
+    a[idx] = 0.0
+    a_cpu[idx] = 0.0
+    torch.testing.assert_close(a.cpu(), a_cpu)
+
+
+# --------------------------------------------------------------------------
+# Out of memory
+# --------------------------------------------------------------------------
+
+
+def test_out_of_memory_error_and_recovery():
+    capacity = torch.phantom.mem_get_info()[1]
+    assert capacity == 1 << 30, "conftest sets PHANTOM_DEVICE_MEMORY=1GiB"
+    keep = torch.ones(1000, device="phantom")
+    before = torch.phantom.memory_allocated()
+    with pytest.raises(torch.OutOfMemoryError) as info:
+        torch.empty(2**31, device="phantom")  # 8 GiB of float32
+    message = str(info.value)
+    assert str(2**33) in message or "8.00 GiB" in message, message  # requested
+    assert "capacity" in message.lower() and ("1.00 GiB" in message or str(1 << 30) in message), message
+    assert "free" in message.lower(), message
+    # OutOfMemoryError is a RuntimeError, as code catching CUDA OOM expects.
+    assert isinstance(info.value, RuntimeError)
+    assert torch.phantom.memory_allocated() == before
+    assert torch.phantom.memory_stats()["num_ooms"] >= 1
+    # Smaller allocations still work, including a large one that fits.
+    big = torch.empty(64 << 20, dtype=torch.uint8, device="phantom")
+    big.fill_(1)
+    assert big[-1].item() == 1
+    del big
+    torch.testing.assert_close(keep.sum().cpu(), torch.tensor(1000.0))
+    assert_device_works()
+
+
+def test_out_of_memory_by_accumulation():
+    before = torch.phantom.memory_allocated()
+    chunks = []
+    with pytest.raises(torch.OutOfMemoryError):
+        for _ in range(5):
+            chunks.append(torch.empty(256 << 20, dtype=torch.uint8, device="phantom"))
+    assert 1 <= len(chunks) < 5
+    chunks.clear()
+    torch.phantom.empty_cache()
+    assert torch.phantom.memory_allocated() == before
+    # After freeing, the whole capacity is usable again.
+    again = torch.empty(768 << 20, dtype=torch.uint8, device="phantom")
+    del again
+    assert_device_works()
+
+
+def test_out_of_memory_on_one_device_leaves_the_other(two_devices):
+    with pytest.raises(torch.OutOfMemoryError, match="phantom:1"):
+        torch.empty(2**31, device="phantom:1")
+    assert_device_works("phantom:0")
+    assert_device_works("phantom:1")
+
+
+# --------------------------------------------------------------------------
+# Errors inside kernels
+# --------------------------------------------------------------------------
+
+
+def test_index_out_of_range_in_kernel():
+    x = torch.randn(5, device="phantom")
+    bad = torch.tensor([0, 7], device="phantom")
+    with pytest.raises((IndexError, RuntimeError), match="out of range|out of bounds"):
+        x.index_select(0, bad)
+    with pytest.raises((IndexError, RuntimeError)):
+        x[bad]
+    with pytest.raises((IndexError, RuntimeError)):
+        torch.nn.functional.embedding(bad, torch.randn(3, 2, device="phantom"))
+    # The device and its stream carry on.
+    torch.phantom.synchronize()
+    assert_device_works()
+    torch.testing.assert_close(x.index_select(0, torch.tensor([4], device="phantom")).cpu(), x.cpu()[[4]])
+
+
+def test_shape_errors_are_ordinary_exceptions():
+    a = torch.ones(3, device="phantom")
+    with pytest.raises(RuntimeError, match="size"):
+        a + torch.ones(4, device="phantom")
+    with pytest.raises(RuntimeError):
+        torch.mm(torch.ones(2, 3, device="phantom"), torch.ones(2, 3, device="phantom"))
+    with pytest.raises(RuntimeError):
+        a.view(2, 2)
+    assert_device_works()
+
+
+def test_error_on_device_1_leaves_device_usable(two_devices):
+    x = torch.randn(5, device="phantom:1")
+    with pytest.raises((IndexError, RuntimeError)):
+        x.index_select(0, torch.tensor([9], device="phantom:1"))
+    torch.phantom.synchronize(1)
+    assert_device_works("phantom:1")
+
+
+# --------------------------------------------------------------------------
+# Invalid configuration
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["abc", "-1"])
+def test_invalid_device_count_configuration(value):
+    code = """
+import torch, torch_phantom
+assert torch.phantom.is_available() is False, "is_available"
+assert torch.phantom.device_count() == 0, "device_count"
+assert torch.accelerator.device_count() == 0, "accelerator.device_count"
+try:
+    torch.randn(1, device="phantom")
+except RuntimeError as error:
+    assert "PHANTOM_DEVICE_COUNT" in str(error), str(error)
+else:
+    raise AssertionError("randn on an unavailable device did not raise")
+try:
+    torch.phantom.current_device()
+except RuntimeError as error:
+    assert "PHANTOM_DEVICE_COUNT" in str(error), str(error)
+else:
+    raise AssertionError("current_device did not raise")
+# The CPU is unaffected.
+assert torch.ones(2).sum().item() == 2
+print("ok")
+"""
+    result = run_python(code, {"PHANTOM_DEVICE_COUNT": value})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().endswith("ok")
+
+
+def test_invalid_device_memory_configuration():
+    code = """
+import torch, torch_phantom
+assert torch.phantom.device_count() == 0
+try:
+    torch.ones(1, device="phantom")
+except RuntimeError as error:
+    assert "PHANTOM_DEVICE_MEMORY" in str(error), str(error)
+else:
+    raise AssertionError("no error")
+print("ok")
+"""
+    result = run_python(code, {"PHANTOM_DEVICE_MEMORY": "lots"})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().endswith("ok")
+
+
+def test_zero_devices_configuration():
+    code = """
+import torch, torch_phantom
+assert not torch.phantom.is_available()
+assert torch.phantom.device_count() == 0
+try:
+    torch.zeros(1, device="phantom")
+except RuntimeError as error:
+    assert "PHANTOM_DEVICE_COUNT" in str(error), str(error)
+else:
+    raise AssertionError("no error")
+print("ok")
+"""
+    result = run_python(code, {"PHANTOM_DEVICE_COUNT": "0"})
+    assert result.returncode == 0, result.stderr

@@ -1,0 +1,157 @@
+"""Device memory accounting through ``torch.phantom``'s memory API.
+
+Users size batches and hunt leaks with ``memory_allocated``,
+``max_memory_allocated``, ``reset_peak_memory_stats``, ``mem_get_info`` and
+``memory_stats``, spelled and keyed as in ``torch.cuda``. The tests check
+the numbers move with real allocations, per device.
+"""
+
+import gc
+
+import pytest
+import torch
+
+MiB = 1 << 20
+
+
+def settle():
+    gc.collect()
+    for index in range(torch.phantom.device_count()):
+        torch.phantom.synchronize(index)
+    torch.phantom.empty_cache()
+
+
+def test_memory_allocated_tracks_tensor_lifetime():
+    settle()
+    baseline = torch.phantom.memory_allocated()
+    x = torch.empty(4 * MiB, dtype=torch.uint8, device="phantom")
+    assert torch.phantom.memory_allocated() >= baseline + x.numel() * x.element_size()
+    y = torch.empty(3, 5, device="phantom", dtype=torch.float64)
+    assert torch.phantom.memory_allocated() >= baseline + 4 * MiB + 15 * 8
+    del x, y
+    settle()
+    assert torch.phantom.memory_allocated() == baseline
+
+
+def test_intermediates_of_ops_are_freed():
+    settle()
+    a = torch.randn(256, 256, device="phantom")
+    baseline = torch.phantom.memory_allocated()
+    for _ in range(3):
+        b = (a @ a).relu().sum(0)
+        del b
+    settle()
+    assert torch.phantom.memory_allocated() == baseline
+
+
+def test_views_do_not_allocate():
+    a = torch.randn(1024, 1024, device="phantom")
+    settle()
+    before = torch.phantom.memory_allocated()
+    views = [a.t(), a[::2], a.view(-1), a.narrow(0, 5, 10), a.expand(2, 1024, 1024)]
+    assert torch.phantom.memory_allocated() == before
+    del views
+
+
+def test_memory_allocated_is_per_device(two_devices):
+    settle()
+    before0 = torch.phantom.memory_allocated(0)
+    before1 = torch.phantom.memory_allocated("phantom:1")
+    x = torch.empty(2 * MiB, dtype=torch.uint8, device="phantom:1")
+    assert torch.phantom.memory_allocated(0) == before0
+    assert torch.phantom.memory_allocated(1) >= before1 + 2 * MiB
+    # With no argument, the current device is meant.
+    with torch.phantom.device(1):
+        assert torch.phantom.memory_allocated() == torch.phantom.memory_allocated(1)
+    del x
+    settle()
+    assert torch.phantom.memory_allocated(1) == before1
+
+
+def test_max_memory_allocated_and_reset_peak():
+    settle()
+    torch.phantom.reset_peak_memory_stats()
+    base = torch.phantom.memory_allocated()
+    assert torch.phantom.max_memory_allocated() == base
+    x = torch.empty(8 * MiB, dtype=torch.uint8, device="phantom")
+    del x
+    settle()
+    peak = torch.phantom.max_memory_allocated()
+    assert peak >= base + 8 * MiB
+    assert torch.phantom.memory_allocated() == base
+    torch.phantom.reset_peak_memory_stats()
+    assert torch.phantom.max_memory_allocated() == base
+    y = torch.empty(1 * MiB, dtype=torch.uint8, device="phantom")
+    assert base + MiB <= torch.phantom.max_memory_allocated() < base + 8 * MiB
+    del y
+
+
+def test_mem_get_info_free_decreases_with_allocation():
+    settle()
+    free_before, total = torch.phantom.mem_get_info()
+    assert total == 1 << 30  # PHANTOM_DEVICE_MEMORY=1GiB from conftest
+    assert 0 < free_before <= total
+    x = torch.empty(16 * MiB, dtype=torch.uint8, device="phantom")
+    free_during, total_during = torch.phantom.mem_get_info()
+    assert total_during == total
+    assert free_during <= free_before - 16 * MiB
+    del x
+    settle()
+    assert torch.phantom.mem_get_info()[0] == free_before
+
+
+def test_memory_reserved_at_least_allocated():
+    x = torch.empty(2 * MiB, dtype=torch.uint8, device="phantom")
+    assert torch.phantom.memory_reserved() >= torch.phantom.memory_allocated() >= 2 * MiB
+    assert torch.phantom.max_memory_reserved() >= torch.phantom.memory_reserved()
+    del x
+
+
+def test_memory_stats_keys_and_values():
+    settle()
+    x = torch.empty(3 * MiB, dtype=torch.uint8, device="phantom")
+    stats = torch.phantom.memory_stats()
+    for key in [
+        "allocated_bytes.all.current",
+        "allocated_bytes.all.peak",
+        "allocated_bytes.all.allocated",
+        "allocated_bytes.all.freed",
+        "reserved_bytes.all.current",
+        "active_bytes.all.current",
+        "allocation.all.current",
+        "segment.all.current",
+        "num_ooms",
+        "num_alloc_retries",
+    ]:
+        assert key in stats, key
+    assert stats["allocated_bytes.all.current"] == torch.phantom.memory_allocated()
+    assert stats["allocated_bytes.all.current"] >= 3 * MiB
+    assert stats["allocation.all.current"] >= 1
+    allocated_total = stats["allocated_bytes.all.allocated"]
+    del x
+    settle()
+    after = torch.phantom.memory_stats()
+    assert after["allocated_bytes.all.freed"] >= stats["allocated_bytes.all.freed"] + 3 * MiB
+    assert after["allocated_bytes.all.allocated"] == allocated_total
+    # torch.cuda spells the same stats through torch.accelerator too.
+    assert torch.accelerator.memory_allocated() == torch.phantom.memory_allocated()
+
+
+def test_storage_resize_is_accounted():
+    settle()
+    base = torch.phantom.memory_allocated()
+    out = torch.empty(0, device="phantom")
+    torch.add(torch.zeros(MiB, device="phantom"), 1, out=out)
+    assert out.numel() == MiB
+    assert torch.phantom.memory_allocated() >= base + 4 * MiB
+    del out
+    settle()
+    assert torch.phantom.memory_allocated() == base
+
+
+@pytest.mark.parametrize("device", ["phantom:0", "phantom:1"])
+def test_memory_functions_accept_device_spellings(device, two_devices):
+    index = torch.device(device).index
+    assert torch.phantom.memory_allocated(device) == torch.phantom.memory_allocated(index)
+    assert torch.phantom.memory_allocated(torch.device(device)) == torch.phantom.memory_allocated(index)
+    assert torch.phantom.mem_get_info(device)[1] == torch.phantom.mem_get_info(index)[1]
