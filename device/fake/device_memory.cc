@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -38,8 +39,20 @@ size_t PageSize() {
 
 }  // namespace
 
+namespace {
+
+size_t AddressSpaceFor(size_t capacity) {
+  const size_t extra = capacity * (kAddressSpaceFactor - 1);
+  return capacity + (extra < kMaxExtraAddressSpace ? extra : kMaxExtraAddressSpace);
+}
+
+}  // namespace
+
 DeviceMemory::DeviceMemory(int device, size_t capacity)
-    : device_(device), capacity_(capacity), allocator_(capacity) {}
+    : device_(device),
+      capacity_(capacity),
+      address_space_(AddressSpaceFor(capacity)),
+      allocator_(AddressSpaceFor(capacity)) {}
 
 ph_status_t DeviceMemory::EnsureMappedLocked() {
   if (base_ != 0) return PH_SUCCESS;
@@ -54,30 +67,30 @@ ph_status_t DeviceMemory::EnsureMappedLocked() {
   };
   const int fd = memfd_create(name.c_str(), MFD_CLOEXEC);
   if (fd < 0) return fail("memfd_create");
-  if (ftruncate(fd, static_cast<off_t>(capacity_)) != 0) {
+  if (ftruncate(fd, static_cast<off_t>(address_space_)) != 0) {
     ph_status_t status = fail("ftruncate");
     close(fd);
     return status;
   }
-  void* base = mmap(nullptr, capacity_, PROT_NONE, MAP_SHARED | MAP_NORESERVE,
+  void* base = mmap(nullptr, address_space_, PROT_NONE, MAP_SHARED | MAP_NORESERVE,
                     fd, 0);
   if (base == MAP_FAILED) {
     ph_status_t status = fail("mmap of the device range");
     close(fd);
     return status;
   }
-  void* view = mmap(nullptr, capacity_, PROT_READ | PROT_WRITE,
+  void* view = mmap(nullptr, address_space_, PROT_READ | PROT_WRITE,
                     MAP_SHARED | MAP_NORESERVE, fd, 0);
   if (view == MAP_FAILED) {
     ph_status_t status = fail("mmap of the kernel view");
-    munmap(base, capacity_);
+    munmap(base, address_space_);
     close(fd);
     return status;
   }
   fd_ = fd;
   base_ = reinterpret_cast<uintptr_t>(base);
   view_ = reinterpret_cast<uintptr_t>(view);
-  PublishDeviceRange(device_, base_, capacity_, view_);
+  PublishDeviceRange(device_, base_, address_space_, view_);
   return PH_SUCCESS;
 }
 
@@ -86,7 +99,11 @@ ph_status_t DeviceMemory::Allocate(size_t size, void** out_ptr) {
   const ph_status_t mapped = EnsureMappedLocked();
   if (mapped != PH_SUCCESS) return mapped;
   size_t offset = 0;
-  if (!allocator_.Allocate(size, &offset)) {
+  const size_t granule = RangeAllocator::kGranule;
+  const size_t rounded = (size + granule - 1) / granule * granule;
+  const bool within_capacity =
+      rounded <= capacity_ - allocator_.allocated();
+  if (!within_capacity || !allocator_.Allocate(size, &offset)) {
     const size_t free_bytes = capacity_ - allocator_.allocated();
     return Fail(PH_ERROR_OUT_OF_MEMORY,
                 "phantom device " + std::to_string(device_) +
@@ -94,7 +111,7 @@ ph_status_t DeviceMemory::Allocate(size_t size, void** out_ptr) {
                     BytesForPeople(size) + "; capacity " +
                     BytesForPeople(capacity_) + ", " +
                     BytesForPeople(free_bytes) + " free, largest free range " +
-                    BytesForPeople(allocator_.largest_free()) +
+                    BytesForPeople(std::min(allocator_.largest_free(), free_bytes)) +
                     " (PHANTOM_DEVICE_MEMORY sets the capacity)");
   }
   *out_ptr = reinterpret_cast<void*>(base_ + offset);

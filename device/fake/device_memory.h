@@ -12,6 +12,14 @@
 // address space; once mapped it stays mapped for the life of the process
 // (device pointers must never be reused for host memory).
 //
+// The device's address range is larger than its capacity (kAddressSpace-
+// Factor times, at most kMaxExtraAddressSpace more): capacity is enforced
+// by counting bytes, and the spare addresses play the part of a GPU
+// driver's virtual memory, so that freeing memory makes the whole capacity
+// allocatable again instead of leaving it fragmented around a small block
+// that is still live. Untouched addresses cost nothing (sparse memfd,
+// MAP_NORESERVE).
+//
 // Sub-allocation is a RangeAllocator (best fit, coalescing). Freeing a block
 // of at least kPunchHoleThreshold punches a hole in the memfd over the
 // block's page-aligned interior, returning the pages to the OS the way
@@ -33,6 +41,8 @@
 namespace phantom::fake {
 
 constexpr size_t kPunchHoleThreshold = size_t{2} << 20;  // 2 MiB
+constexpr size_t kAddressSpaceFactor = 4;  // device range = capacity * this ...
+constexpr size_t kMaxExtraAddressSpace = size_t{64} << 30;  // ... or + 64 GiB
 
 // Where a device address lies.
 struct DeviceAddressInfo {
@@ -64,6 +74,7 @@ class DeviceMemory {
 
   const int device_;
   const size_t capacity_;
+  const size_t address_space_;  // size of the device range (>= capacity_)
   std::mutex mutex_;  // guards everything below
   RangeAllocator allocator_;
   int fd_ = -1;

@@ -13,9 +13,13 @@ HandleRegistry<Event>& Events() {
 
 }  // namespace
 
-void EventRecord::MarkReached() {
+void EventRecord::MarkTime() {
   std::lock_guard<std::mutex> lock(mutex);
   time = std::chrono::steady_clock::now();
+}
+
+void EventRecord::MarkReached() {
+  std::lock_guard<std::mutex> lock(mutex);
   reached = true;
   reached_changed.notify_all();
 }

@@ -36,7 +36,8 @@ struct EventRecord {
   std::weak_ptr<Stream> stream;  // the recording stream
   Stream* stream_identity = nullptr;  // for "waiting for itself" checks
 
-  void MarkReached();
+  void MarkTime();     // when the marker runs
+  void MarkReached();  // after the stream counted the marker complete
   bool IsReached();
   void WaitReached();
 };

@@ -593,10 +593,14 @@ ph_status_t ph_event_record(ph_event_t event_handle,
     Task task;
     task.kind = TaskKind::kEventMarker;
     task.name = "ph_event_record";
+    // The time is taken when the marker runs; the record counts as reached
+    // only after the stream has counted the marker complete, so a query of
+    // the stream right after the event is reached already says idle.
     task.run = [record](char*, size_t) {
-      record->MarkReached();
+      record->MarkTime();
       return PH_SUCCESS;
     };
+    task.on_complete = [record] { record->MarkReached(); };
     task.runs_when_sticky = true;
     // Publish under the event's lock so concurrent records of one event
     // leave `latest` pointing at whichever marker was queued last.

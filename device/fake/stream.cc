@@ -71,6 +71,7 @@ void Stream::WorkerLoop() {
                 std::to_string(device_) + ": " +
                 (error[0] != '\0' ? error : "(the work gave no message)");
     }
+    std::function<void()> on_complete = std::move(task.on_complete);
     task = Task{};  // destroy the closures outside the lock
 
     lock.lock();
@@ -80,6 +81,11 @@ void Stream::WorkerLoop() {
     }
     ++completed_;
     task_completed_.notify_all();
+    if (on_complete) {
+      lock.unlock();
+      on_complete();
+      lock.lock();
+    }
   }
   t_current_stream = nullptr;
 }

@@ -57,6 +57,9 @@ struct Task {
   std::function<void()> release;
   // Event markers run even on a sticky stream so waiters are released.
   bool runs_when_sticky = false;
+  // Called after the task counts as completed (outside the stream lock):
+  // an event is reached only once the stream's query also says so.
+  std::function<void()> on_complete;
 };
 
 class Stream {
