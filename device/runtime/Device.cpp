@@ -93,9 +93,4 @@ c10::DeviceIndex exchangeDevice(c10::DeviceIndex index) {
   return previous;
 }
 
-void synchronizeDevice(c10::DeviceIndex index) {
-  checkDeviceIndex(index);
-  PHANTOM_CHECK(ph_device_synchronize(index));
-}
-
 }  // namespace phantom

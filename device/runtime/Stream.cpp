@@ -9,6 +9,7 @@
 
 #include <array>
 #include <atomic>
+#include <exception>
 #include <mutex>
 
 namespace phantom {
@@ -81,17 +82,49 @@ ph_stream_t PhantomStream::handle() const {
   return handle;
 }
 
+// Replaces the driver stream behind (device, id) after its error has been
+// reported. The old stream has no pending work left (it was synchronized or
+// found idle), so destroying it does not wait.
+static void resetStream(c10::DeviceIndex device, c10::StreamId id, ph_stream_t failed) {
+  DeviceStreams& streams = streamsOf(device);
+  std::lock_guard<std::mutex> lock(streams.create_mutex);
+  if (streams.handles[id].load(std::memory_order_relaxed) == failed) {
+    streams.handles[id].store(nullptr, std::memory_order_release);
+    (void)ph_stream_destroy(failed);
+  }
+}
+
+// Raises `status` (an error of work on `stream`) and resets the stream.
+static void raiseStreamError(ph_status_t status, const PhantomStream& stream,
+                      ph_stream_t handle) {
+  try {
+    PHANTOM_CHECK(status);
+  } catch (...) {
+    if (status == PH_ERROR_DEVICE) {
+      resetStream(stream.device_index(), stream.id(), handle);
+    }
+    throw;
+  }
+}
+
 bool PhantomStream::query() const {
-  const ph_status_t status = ph_stream_query(handle());
+  const ph_stream_t stream = handle();
+  const ph_status_t status = ph_stream_query(stream);
   if (status == PH_NOT_READY) {
     return false;
   }
-  PHANTOM_CHECK(status);
+  if (status != PH_SUCCESS) {
+    raiseStreamError(status, *this, stream);
+  }
   return true;
 }
 
 void PhantomStream::synchronize() const {
-  PHANTOM_CHECK(ph_stream_synchronize(handle()));
+  const ph_stream_t stream = handle();
+  const ph_status_t status = ph_stream_synchronize(stream);
+  if (status != PH_SUCCESS) {
+    raiseStreamError(status, *this, stream);
+  }
 }
 
 PhantomStream getDefaultPhantomStream(c10::DeviceIndex device) {
@@ -121,6 +154,26 @@ PhantomStream getStreamFromPool(int priority, c10::DeviceIndex device) {
 void setCurrentPhantomStream(PhantomStream stream) {
   checkDeviceIndex(stream.device_index());
   current_stream_ids[stream.device_index()] = stream.id();
+}
+
+void synchronizeDevice(c10::DeviceIndex device) {
+  checkDeviceIndex(device);
+  std::exception_ptr first_error;
+  for (c10::StreamId id = 0; id < kStreamsPerDevice; ++id) {
+    if (streamsOf(device).handles[id].load(std::memory_order_acquire) == nullptr) {
+      continue;  // never used
+    }
+    try {
+      PhantomStream(makeStream(device, id)).synchronize();
+    } catch (...) {
+      if (!first_error) {
+        first_error = std::current_exception();
+      }
+    }
+  }
+  if (first_error) {
+    std::rethrow_exception(first_error);
+  }
 }
 
 void synchronizeAllStreams(c10::DeviceIndex device) {

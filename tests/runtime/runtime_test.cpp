@@ -3,6 +3,7 @@
 // streams. ctest runs each test in its own process; the driver reads its
 // settings at first use, after the static initialiser below.
 #include <phantom/DeviceAllocator.h>
+#include <phantom/Device.h>
 #include <phantom/Launch.h>
 #include <phantom/Stream.h>
 
@@ -181,10 +182,13 @@ TEST(Events, ElapsedTimeNeedsTimingAndMeasuresQueuedWork) {
   EXPECT_THROW(start.elapsedTime(untimed), c10::Error);
 }
 
-TEST(Launch, AnExceptionInAsyncWorkIsStickyAndNamesTheWork) {
+TEST(Launch, AnErrorInAsyncWorkIsReportedOnceNamingTheWorkThenTheStreamGoesOn) {
   const auto stream = phantom::getStreamFromPool(false, 1);
   phantom::launchAsync(stream, "exploding kernel",
                        [] { throw std::runtime_error("boom"); });
+  bool ran_after_failure = false;
+  phantom::launchAsync(stream, "behind the failure",
+                       [&] { ran_after_failure = true; });
   try {
     stream.synchronize();
     FAIL() << "expected the work's error";
@@ -193,9 +197,27 @@ TEST(Launch, AnExceptionInAsyncWorkIsStickyAndNamesTheWork) {
     EXPECT_NE(message.find("exploding kernel"), std::string::npos) << message;
     EXPECT_NE(message.find("boom"), std::string::npos) << message;
   }
-  EXPECT_THROW(stream.query(), c10::AcceleratorError);
-  // Other streams are unaffected.
-  EXPECT_NO_THROW(phantom::getStreamFromPool(false, 1).synchronize());
+  // Work queued behind the failure was discarded, as on a GPU.
+  EXPECT_FALSE(ran_after_failure);
+  // Reported once; the stream then runs new work normally.
+  EXPECT_TRUE(stream.query());
+  bool ran = false;
+  phantom::launchAsync(stream, "after the report", [&] { ran = true; });
+  stream.synchronize();
+  EXPECT_TRUE(ran);
+}
+
+TEST(Launch, DeviceSynchronizeReportsTheErrorOfAnyStream) {
+  const auto stream = phantom::getStreamFromPool(false, 0);
+  phantom::launchAsync(stream, "failing kernel",
+                       [] { throw std::runtime_error("bad index"); });
+  try {
+    phantom::synchronizeDevice(0);
+    FAIL() << "expected the work's error";
+  } catch (const c10::AcceleratorError& e) {
+    EXPECT_NE(std::string(e.what()).find("failing kernel"), std::string::npos);
+  }
+  EXPECT_NO_THROW(phantom::synchronizeDevice(0));
 }
 
 TEST(Launch, AnExceptionInWaitedWorkIsRethrownAndTheStreamGoesOn) {

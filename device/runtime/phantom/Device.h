@@ -30,7 +30,9 @@ void setCurrentDevice(c10::DeviceIndex index);
 // Sets the current device and returns the previous one.
 c10::DeviceIndex exchangeDevice(c10::DeviceIndex index);
 
-// Blocks until all work on every stream of the device has finished.
+// Blocks until all work on every stream of the device has finished, then
+// raises the first error any of that work raised (see Stream.h: a stream
+// whose error has been reported is usable again). Defined in Stream.cpp.
 void synchronizeDevice(c10::DeviceIndex index);
 
 }  // namespace phantom

@@ -6,6 +6,13 @@
 // stream is never destroyed while the process runs, so a c10::Stream can be
 // copied around freely. Driver streams are created lazily, on the first use
 // of each id. The current stream is per thread and per device.
+//
+// Errors: work that fails makes its driver stream sticky (hal.h). The
+// runtime reports that error once, from the query or synchronize that
+// finds it, naming the failed work, and then replaces the driver stream
+// behind the id, so the process goes on and the next work on that stream
+// runs normally. Work queued behind the failure was discarded, as on a GPU
+// after an asynchronous error.
 #pragma once
 
 #include <phantom/hal.h>
@@ -34,10 +41,11 @@ class PhantomStream {
   // The driver stream; created on first use.
   ph_stream_t handle() const;
 
-  // True when all work queued so far has finished. Raises the stream's
-  // sticky error, if any.
+  // True when all work queued so far has finished. Raises the error of
+  // failed work, if any (then the stream is reset, see above).
   bool query() const;
-  // Blocks until all queued work has finished; raises a sticky error.
+  // Blocks until all queued work has finished; raises the error of failed
+  // work, if any (then the stream is reset, see above).
   void synchronize() const;
 
   bool operator==(const PhantomStream& other) const {
