@@ -8,14 +8,28 @@
 #include <phantom/DeviceAllocator.h>
 #include <phantom/Device.h>
 #include <phantom/Generator.h>
+#include <phantom/HostAllocator.h>
+#include <phantom/Launch.h>
+#include <phantom/Stream.h>
 
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/Generator.h>
 #include <torch/csrc/utils/device_lazy_init.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <chrono>
+#include <thread>
+
 namespace py = pybind11;
 
 namespace {
+
+phantom::PhantomStream phantomStream(c10::DeviceIndex device,
+                                     c10::StreamId id) {
+  return phantom::PhantomStream(c10::Stream(
+      c10::Stream::UNSAFE, c10::Device(c10::DeviceType::PrivateUse1, device),
+      id));
+}
 
 py::dict memoryStats(c10::DeviceIndex device) {
   const auto stats = phantom::deviceAllocator().getDeviceStats(device);
@@ -52,6 +66,38 @@ py::dict memoryStats(c10::DeviceIndex device) {
   return result;
 }
 
+// Same keys as torch.cuda.host_memory_stats_as_nested_dict().
+py::dict hostMemoryStats() {
+  const at::HostStats stats = phantom::hostMemoryStats();
+  const auto stat = [](const c10::CachingAllocator::Stat& s) {
+    py::dict d;
+    d["current"] = s.current;
+    d["peak"] = s.peak;
+    d["allocated"] = s.allocated;
+    d["freed"] = s.freed;
+    return d;
+  };
+  const auto duration = [](const c10::CachingAllocator::DurationStat& s) {
+    py::dict d;
+    d["total"] = s.total;
+    d["max"] = s.max;
+    d["min"] = s.min;
+    d["count"] = s.count;
+    d["avg"] = s.count == 0 ? 0 : s.total / s.count;
+    return d;
+  };
+  py::dict result;
+  result["num_host_alloc"] = stats.num_host_alloc;
+  result["num_host_free"] = stats.num_host_free;
+  result["allocations"] = stat(stats.allocations);
+  result["allocated_bytes"] = stat(stats.allocated_bytes);
+  result["active_requests"] = stat(stats.active_requests);
+  result["active_bytes"] = stat(stats.active_bytes);
+  result["host_alloc_time"] = duration(stats.host_alloc_time);
+  result["host_free_time"] = duration(stats.host_free_time);
+  return result;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -68,6 +114,40 @@ PYBIND11_MODULE(_C, m) {
     py::gil_scoped_release no_gil;
     phantom::synchronizeDevice(d);
   });
+
+  // Streams (torch_phantom/streams.py). A stream is named by its
+  // (device_index, stream_id) pair, as torch.Stream carries it.
+  m.def("_stream_priority",
+        [](c10::DeviceIndex device, c10::StreamId id) {
+          return phantomStream(device, id).priority();
+        });
+  m.def("_stream_priority_range", [] {
+    return py::make_tuple(phantom::kLowPriority, phantom::kHighPriority);
+  });
+  // torch.Event.elapsed_time accepts only an end event of exactly type
+  // torch.Event (a Py_TYPE check), not torch.phantom.Event; this is the same
+  // call through the device guard, on the events' ids (the driver handles
+  // DeviceGuard.cpp stores). streams.py checks timing and recording first.
+  m.def("_event_elapsed_time",
+        [](uintptr_t start, uintptr_t end, c10::DeviceIndex device) {
+          TORCH_CHECK(start != 0 && end != 0,
+                      "elapsed_time needs both events to have been recorded");
+          return c10::impl::getDeviceGuardImpl(c10::DeviceType::PrivateUse1)
+              ->elapsedTime(reinterpret_cast<void*>(start),
+                            reinterpret_cast<void*>(end), device);
+        },
+        py::call_guard<py::gil_scoped_release>());
+  // Test-only: queues work that sleeps `ms` milliseconds on the stream, a
+  // stand-in for a long kernel (tests/python/test_streams.py).
+  m.def("_sleep_on_stream",
+        [](c10::DeviceIndex device, c10::StreamId id, double ms) {
+          TORCH_CHECK(ms >= 0, "sleep time must be non-negative, got ", ms);
+          phantom::launchAsync(phantomStream(device, id), "sleep", [ms] {
+            std::this_thread::sleep_for(
+                std::chrono::duration<double, std::milli>(ms));
+          });
+        },
+        py::call_guard<py::gil_scoped_release>());
 
   m.def("_default_generator", [](c10::DeviceIndex d) {
     return py::reinterpret_borrow<py::object>(
@@ -95,5 +175,57 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("_is_in_bad_fork", [] {
     return torch::utils::is_device_in_bad_fork(c10::DeviceType::PrivateUse1);
+  });
+
+  // Pinned host memory (torch_phantom/memory.py).
+  m.def("_host_memory_stats", &hostMemoryStats);
+  m.def("_host_empty_cache", [] {
+    py::gil_scoped_release no_gil;
+    phantom::emptyHostCache();
+  });
+  m.def("_reset_peak_host_memory_stats",
+        [] { phantom::resetPeakHostMemoryStats(); });
+  m.def("_reset_accumulated_host_memory_stats",
+        [] { phantom::resetAccumulatedHostMemoryStats(); });
+
+  // Caching allocator (torch_phantom/memory.py).
+  m.def("_check_allocator_settings", [] {
+    const auto& settings = phantom::deviceAllocator().settings();
+    py::dict result;
+    result["max_split_size"] = settings.max_split_size == SIZE_MAX
+                                   ? py::none()
+                                   : py::cast(settings.max_split_size);
+    result["garbage_collection_threshold"] = settings.garbage_collection_threshold;
+    return result;
+  });
+  m.def("_memory_snapshot", [] {
+    py::list segments;
+    for (const auto& segment : phantom::deviceAllocator().snapshot()) {
+      py::dict info;
+      info["device"] = segment.device;
+      info["address"] = segment.address;
+      info["total_size"] = segment.total_size;
+      info["allocated_size"] = segment.allocated_size;
+      info["active_size"] = segment.active_size;
+      info["requested_size"] = segment.requested_size;
+      info["stream"] = reinterpret_cast<int64_t>(segment.stream);
+      info["segment_type"] = segment.is_large ? "large" : "small";
+      py::list blocks;
+      size_t address = segment.address;
+      for (const auto& block : segment.blocks) {
+        py::dict entry;
+        entry["address"] = address;
+        entry["size"] = block.size;
+        entry["requested_size"] = block.requested_size;
+        entry["state"] = block.allocated ? "active_allocated"
+                         : block.active ? "active_pending_free"
+                                        : "inactive";
+        blocks.append(entry);
+        address += block.size;
+      }
+      info["blocks"] = blocks;
+      segments.append(info);
+    }
+    return segments;
   });
 }

@@ -19,6 +19,7 @@ import torch
 from ._name import BACKEND_NAME
 from . import _C  # noqa: F401  (loads libphantom: registers the backend)
 from . import device_module as _device_module
+from . import memory as _memory
 
 __all__ = ["BACKEND_NAME"]
 __version__ = "0.1.0"
@@ -35,3 +36,7 @@ def _register() -> None:
 
 
 _register()
+
+# A malformed PHANTOM_ALLOC_CONF is an error at start-up, not at the first
+# allocation deep inside a model.
+_memory._allocator_settings()

@@ -1,7 +1,8 @@
 """``torch.phantom``: the device module, spelled as ``torch.cuda`` spells it.
 
-Devices and synchronisation live here; random number generation and memory
-statistics come from ``random.py`` and ``memory.py`` and are re-exported.
+Devices and synchronisation live here; streams and events, random number
+generation and memory statistics come from ``streams.py``, ``random.py`` and
+``memory.py`` and are re-exported.
 Initialisation is lazy, as for CUDA: the first use of a device (creating a
 tensor on it, or calling most functions here) checks that the driver
 started and installs the fork guard, so a forked child that touches the
@@ -23,9 +24,22 @@ from .memory import (  # noqa: F401
     mem_get_info,
     memory_allocated,
     memory_reserved,
+    memory_snapshot,
+    host_memory_stats,
+    empty_host_cache,
+    reset_peak_host_memory_stats,
     memory_stats,
     reset_accumulated_memory_stats,
     reset_peak_memory_stats,
+)
+from .streams import (  # noqa: F401
+    Event,
+    Stream,
+    StreamContext,
+    current_stream,
+    default_stream,
+    set_stream,
+    stream,
 )
 from .random import (  # noqa: F401
     get_rng_state,
@@ -154,9 +168,3 @@ class device_of(device):
 
 def get_amp_supported_dtype() -> list:
     return [torch.float16, torch.bfloat16]
-
-
-def current_stream(device: _DeviceLike = None) -> torch.Stream:
-    """The current stream of ``device`` for this thread."""
-    _lazy_init()
-    return torch.accelerator.current_stream(_get_device_index(device))

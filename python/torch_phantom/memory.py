@@ -54,3 +54,43 @@ def empty_cache() -> None:
 def mem_get_info(device: _DeviceLike = None) -> Tuple[int, int]:
     """(free, total) bytes of device memory."""
     return tuple(_C._mem_get_info(_index(device)))
+
+
+def memory_snapshot() -> list:
+    """Every segment the caching allocator holds, on every device, with its
+    blocks: the same shape as ``torch.cuda.memory_snapshot()``'s segments
+    (``device``, ``address``, ``total_size``, ``allocated_size``,
+    ``active_size``, ``requested_size``, ``stream``, ``segment_type``,
+    ``blocks`` of ``address``/``size``/``requested_size``/``state``)."""
+    return _C._memory_snapshot()
+
+
+def _allocator_settings() -> Dict[str, Any]:
+    """The PHANTOM_ALLOC_CONF settings in force; raises ValueError, naming
+    the bad option, if the variable is malformed."""
+    return _C._check_allocator_settings()
+
+
+def host_memory_stats() -> Dict[str, Any]:
+    """Statistics of the pinned host memory cache, flattened like
+    ``torch.cuda.host_memory_stats()`` (``allocated_bytes.current``, ...)."""
+    flat: Dict[str, Any] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for key, inner in value.items():
+                walk(f"{prefix}.{key}" if prefix else key, inner)
+        else:
+            flat[prefix] = value
+
+    walk("", _C._host_memory_stats())
+    return OrderedDict(sorted(flat.items()))
+
+
+def empty_host_cache() -> None:
+    """Returns cached pinned host memory that no copy still uses."""
+    _C._host_empty_cache()
+
+
+def reset_peak_host_memory_stats() -> None:
+    _C._reset_peak_host_memory_stats()

@@ -1,0 +1,389 @@
+"""Streams and events of ``torch.phantom``, spelled as ``torch.cuda`` spells
+them (see docs/streams.md).
+
+``Stream`` and ``Event`` are thin subclasses of the generic ``torch.Stream``
+and ``torch.Event``: those already reach the phantom runtime through the
+device guard (``device/runtime/DeviceGuard.cpp``), so a phantom stream made
+here, one returned by ``torch.accelerator.current_stream()`` and one made
+with ``torch.Stream("phantom")`` are the same stream and compare equal. What
+this module adds is what ``torch.cuda`` users expect: the current phantom
+device as the default, the current stream as the default of ``record`` and
+``wait``, ``priority``, ``torch.phantom.Event`` from ``record_event``, a
+reentrant ``with stream:`` and clear errors for what the device does not do.
+
+The current stream is per thread and per device; a thread that never set
+one sees each device's default stream.
+"""
+
+import threading
+from typing import Any, List, Optional, Tuple, Union
+
+import torch
+
+from . import _C
+from ._name import BACKEND_NAME
+
+__all__ = [
+    "Event",
+    "Stream",
+    "StreamContext",
+    "current_stream",
+    "default_stream",
+    "set_stream",
+    "stream",
+]
+
+_DeviceLike = Union[torch.device, str, int, None]
+
+# The id of each device's default stream: the c10 convention, which the
+# runtime follows (device/runtime/phantom/Stream.h).
+_DEFAULT_STREAM_ID = 0
+
+# torch.Stream.device_type is the number of c10::DeviceType, and the
+# backend is PrivateUse1 (a stable value: it is serialized in checkpoints).
+_DEVICE_TYPE = 20
+
+
+def _device_module():
+    # device_module imports this module; import it back lazily.
+    from . import device_module
+
+    return device_module
+
+
+def _device_index(device: _DeviceLike) -> int:
+    """The phantom device index ``device`` names (None: the current one),
+    after lazy initialisation and a range check."""
+    dm = _device_module()
+    dm._lazy_init()
+    index = dm._get_device_index(device, optional=True)
+    if index < 0:  # None, -1 or "phantom": the current device, as in CUDA
+        return dm.current_device()
+    _C._check_device(index)
+    return index
+
+
+def _check_stream(stream: Any, what: str = "stream") -> torch.Stream:
+    if not isinstance(stream, torch.Stream):
+        raise TypeError(
+            f"expected a {BACKEND_NAME} {what} (torch.{BACKEND_NAME}.Stream or "
+            f"torch.Stream), got {type(stream).__name__}"
+        )
+    if stream.device.type != BACKEND_NAME:
+        raise ValueError(
+            f"expected a stream of a {BACKEND_NAME} device, got a stream of "
+            f"'{stream.device}'"
+        )
+    return stream
+
+
+def _wrap(stream: torch.Stream) -> "Stream":
+    """``stream`` as a ``torch.phantom.Stream`` (the same stream)."""
+    if isinstance(stream, Stream):
+        return stream
+    _check_stream(stream)
+    return Stream(
+        stream_id=stream.stream_id,
+        device_index=stream.device_index,
+        device_type=stream.device_type,
+    )
+
+
+class Stream(torch.Stream):
+    r"""A phantom stream: an in-order queue of work on one device, run by its
+    own worker thread, asynchronously to the host and to other streams.
+
+    Args:
+        device (torch.device, str or int, optional): the phantom device of the
+            stream; the current device if None.
+        priority (int, optional): 0 (the default) or negative; a negative
+            priority takes a stream from the high-priority pool. See
+            :meth:`priority_range`.
+
+    As in CUDA, streams come from per-device pools and are never destroyed,
+    so creating one is cheap and two ``Stream`` objects may name the same
+    stream (they then compare equal). Use it as a context manager to make
+    it current (and its device current) for a block.
+    """
+
+    def __new__(cls, device: _DeviceLike = None, priority: int = 0, **kwargs):
+        if "stream_id" in kwargs:
+            # Rebuilding an existing stream (stream_id, device_index,
+            # device_type), as torch.cuda.Stream allows.
+            if kwargs.get("device_type", _DEVICE_TYPE) != _DEVICE_TYPE:
+                raise ValueError(
+                    f"expected a {BACKEND_NAME} stream, got device_type="
+                    f"{kwargs.get('device_type')}"
+                )
+            kwargs.setdefault("device_type", _DEVICE_TYPE)
+            return super().__new__(cls, **kwargs)
+        if kwargs:
+            raise TypeError(f"unexpected arguments: {sorted(kwargs)}")
+        index = _device_index(device)
+        return super().__new__(
+            cls, device=torch.device(BACKEND_NAME, index), priority=int(priority)
+        )
+
+    @staticmethod
+    def priority_range() -> Tuple[int, int]:
+        """(lowest, highest) priority, as ``torch.cuda.Stream`` reports it:
+        ``(0, -1)``; a numerically smaller priority is more urgent."""
+        return tuple(_C._stream_priority_range())
+
+    @property
+    def priority(self) -> int:
+        return _C._stream_priority(self.device_index, self.stream_id)
+
+    def query(self) -> bool:
+        """True when all work queued on the stream so far has finished.
+        Never blocks; raises the stream's error if queued work failed."""
+        return super().query()
+
+    def synchronize(self) -> None:
+        """Blocks until all work queued on the stream so far has finished;
+        raises the stream's error if queued work failed."""
+        super().synchronize()
+
+    def wait_event(self, event: torch.Event) -> None:
+        """Makes work queued on this stream from now on wait for the point
+        ``event`` marked when it was last recorded (before this call).
+        Returns at once; an event never recorded imposes no wait."""
+        if not isinstance(event, torch.Event):
+            raise TypeError(f"expected a torch.Event, got {type(event).__name__}")
+        event.wait(self)
+
+    def wait_stream(self, stream: torch.Stream) -> None:
+        """Makes work queued on this stream from now on wait for all work
+        queued on ``stream`` so far. Returns at once."""
+        self.wait_event(_wrap(stream).record_event())
+
+    def record_event(self, event: Optional[torch.Event] = None) -> torch.Event:
+        """Records ``event`` (a new ``torch.phantom.Event`` if None) at the
+        current end of this stream's queue and returns it."""
+        if event is None:
+            event = Event()
+        event.record(self)
+        return event
+
+    def __enter__(self) -> "Stream":
+        context = StreamContext(self)
+        context.__enter__()
+        _with_stack().append(context)
+        return self
+
+    def __exit__(self, *exc: Any) -> bool:
+        _with_stack().pop().__exit__(*exc)
+        return False
+
+    def __eq__(self, other: Any) -> bool:
+        if isinstance(other, torch.Stream):
+            return super().__eq__(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        # torch.Stream's hash, so that equal torch.Streams hash equal.
+        return super().__hash__()
+
+    def __repr__(self) -> str:
+        return (
+            f"<torch.{BACKEND_NAME}.Stream device={self.device} "
+            f"stream_id={self.stream_id} priority={self.priority}>"
+        )
+
+
+class Event(torch.Event):
+    r"""A phantom event: a marker in a stream's queue, to order streams, wait
+    for work from the host, and time work.
+
+    Args:
+        enable_timing (bool): lets :meth:`elapsed_time` measure time between
+            two records of such events (default: False).
+        blocking (bool): accepted for compatibility; :meth:`synchronize`
+            always blocks the calling thread (without the GIL) on phantom.
+        interprocess (bool): not supported: phantom events cannot be shared
+            between processes.
+
+    The driver event is created on the first record, on the recording
+    stream's device; after that only streams of that device may record it,
+    while streams of any device may wait on it. Each record starts a new
+    generation: a wait or query refers to the latest record at its call.
+    """
+
+    def __new__(
+        cls, enable_timing: bool = False, blocking: bool = False,
+        interprocess: bool = False,
+    ):
+        if interprocess:
+            raise NotImplementedError(
+                f"{BACKEND_NAME} events cannot be shared between processes "
+                "(interprocess=True is not supported)"
+            )
+        event = super().__new__(
+            cls, BACKEND_NAME, enable_timing=bool(enable_timing),
+            blocking=bool(blocking),
+        )
+        event._enable_timing = bool(enable_timing)
+        return event
+
+    @property
+    def enable_timing(self) -> bool:
+        return self._enable_timing
+
+    @property
+    def is_recorded(self) -> bool:
+        # The driver event is created on first record (DeviceGuard.cpp).
+        return self.event_id != 0
+
+    def record(self, stream: Optional[torch.Stream] = None) -> None:
+        """Records the event at the current end of ``stream``'s queue (the
+        current stream if None). The stream must be on the event's device."""
+        stream = current_stream() if stream is None else _check_stream(stream)
+        super().record(stream)
+
+    def wait(self, stream: Optional[torch.Stream] = None) -> None:
+        """Makes work queued on ``stream`` (the current stream if None) from
+        now on wait for this event's latest record. Returns at once."""
+        stream = current_stream() if stream is None else _check_stream(stream)
+        super().wait(stream)
+
+    def query(self) -> bool:
+        """True when the recorded point has been reached, or the event was
+        never recorded. Never blocks."""
+        return super().query()
+
+    def synchronize(self) -> None:
+        """Blocks until the recorded point has been reached; raises the error
+        of the recording stream's work, if it failed."""
+        super().synchronize()
+
+    def elapsed_time(self, end_event: torch.Event) -> float:
+        """Milliseconds from this event's record to ``end_event``'s record.
+        Both must have ``enable_timing=True``, be recorded, and be reached
+        (``end_event.synchronize()`` first)."""
+        if not isinstance(end_event, torch.Event):
+            raise TypeError(
+                f"expected end_event to be a torch.Event, got "
+                f"{type(end_event).__name__}"
+            )
+        for name, event in (("this event", self), ("end_event", end_event)):
+            if isinstance(event, Event) and not event.enable_timing:
+                raise RuntimeError(
+                    f"elapsed_time: {name} was created without timing; create "
+                    f"both events with torch.{BACKEND_NAME}.Event("
+                    "enable_timing=True)"
+                )
+            if event.event_id == 0:
+                raise RuntimeError(
+                    f"elapsed_time: {name} has not been recorded; call "
+                    "record() on both events first"
+                )
+        for name, event in (("this event", self), ("end_event", end_event)):
+            if not event.query():
+                raise RuntimeError(
+                    f"elapsed_time: {name} has been recorded but its work has "
+                    "not completed yet; call end_event.synchronize() first"
+                )
+        if type(end_event) is torch.Event:
+            try:
+                return super().elapsed_time(end_event)
+            except ValueError as error:  # torch.Event's own checks
+                raise RuntimeError(f"elapsed_time: {error}") from error
+        if end_event.device != self.device:
+            raise RuntimeError(
+                f"elapsed_time: the events were recorded on different devices "
+                f"({self.device} and {end_event.device})"
+            )
+        # torch.Event.elapsed_time refuses an end event whose type is a
+        # subclass (it checks the exact type); _C makes the same call.
+        return _C._event_elapsed_time(
+            self.event_id, end_event.event_id, self.device.index
+        )
+
+    def ipc_handle(self):
+        raise NotImplementedError(
+            f"{BACKEND_NAME} events cannot be shared between processes"
+        )
+
+    def __repr__(self) -> str:
+        state = f"device={self.device}" if self.is_recorded else "unrecorded"
+        return (
+            f"<torch.{BACKEND_NAME}.Event {state} "
+            f"enable_timing={self.enable_timing}>"
+        )
+
+
+def current_stream(device: _DeviceLike = None) -> Stream:
+    """The current stream of ``device`` (the current device if None) for
+    this thread: what ``torch.accelerator.current_stream`` returns too."""
+    return _wrap(torch.accelerator.current_stream(_device_index(device)))
+
+
+def default_stream(device: _DeviceLike = None) -> Stream:
+    """The default stream of ``device`` (the current device if None)."""
+    index = _device_index(device)
+    return Stream(
+        stream_id=_DEFAULT_STREAM_ID,
+        device_index=index,
+        device_type=_DEVICE_TYPE,
+    )
+
+
+def set_stream(stream: Optional[torch.Stream]) -> None:
+    """Makes ``stream`` the current stream of its device for this thread,
+    and its device the current device (as ``torch.cuda.set_stream`` and
+    ``torch.accelerator.set_stream`` do). None does nothing."""
+    if stream is None:
+        return
+    _check_stream(stream)
+    _device_index(stream.device_index)
+    torch.accelerator.set_stream(stream)
+
+
+class StreamContext:
+    r"""Context manager that makes ``stream`` current (and its device the
+    current device) and, on exit, restores both the previous current
+    stream of that device and the previous current device, also when the
+    block raises. ``stream=None`` makes it a no-op. Reentrant: the same
+    context may be nested."""
+
+    def __init__(self, stream: Optional[torch.Stream]):
+        if stream is not None:
+            _check_stream(stream)
+        self.stream = stream
+        self._saved: List[Tuple[int, torch.Stream]] = []
+
+    def __enter__(self) -> Optional[torch.Stream]:
+        if self.stream is None:
+            return None
+        dm = _device_module()
+        previous_device = dm.current_device()
+        previous_stream = torch.accelerator.current_stream(
+            _device_index(self.stream.device_index)
+        )
+        torch.accelerator.set_stream(self.stream)  # also sets the device
+        self._saved.append((previous_device, previous_stream))
+        return self.stream
+
+    def __exit__(self, *exc: Any) -> bool:
+        if self.stream is None:
+            return False
+        previous_device, previous_stream = self._saved.pop()
+        torch.accelerator.set_stream(previous_stream)
+        _C._set_device(previous_device)
+        return False
+
+
+def stream(stream: Optional[torch.Stream]) -> StreamContext:
+    """``with torch.phantom.stream(s):`` runs the block with ``s`` current;
+    see ``StreamContext``."""
+    return StreamContext(stream)
+
+
+_local = threading.local()
+
+
+def _with_stack() -> List[StreamContext]:
+    stack = getattr(_local, "stack", None)
+    if stack is None:
+        stack = _local.stack = []
+    return stack
