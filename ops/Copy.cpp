@@ -4,10 +4,14 @@
 //   host -> device   dtype conversion and broadcasting happen on the host;
 //                    the bytes go over as one dense transfer on the current
 //                    stream. From pinned memory with non_blocking=True the
-//                    call returns before the transfer completes.
+//                    call returns before the transfer completes (a
+//                    conversion is staged in pinned memory too).
 //   device -> host   a dense transfer after the stream's earlier work, then
-//                    dtype/stride conversion on the host. Into pinned memory
-//                    with non_blocking=True it returns at once.
+//                    dtype/stride conversion on the host. Into dense pinned
+//                    memory the conversion is queued on the device instead,
+//                    and with non_blocking=True the call returns at once.
+//   Pinned blocks used by a non_blocking transfer are recorded with the
+//   host allocator (recordPinnedUse): freeing them at once is safe.
 //   same device      a copy kernel on the current stream (any dtype, any
 //                    strides, broadcasting), returns at once.
 //   across devices   staged dense on the source device, then a blocking
@@ -19,6 +23,7 @@
 #include <phantom/Stream.h>
 #include <phantom/ops/KernelAliases.h>
 
+#include <ATen/EmptyTensor.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
@@ -43,21 +48,41 @@ size_t byteSize(const at::Tensor& tensor) {
   return static_cast<size_t>(tensor.numel()) * tensor.element_size();
 }
 
+// A CPU tensor with `like`'s sizes and strides in pinned memory from the
+// caching host allocator: the staging buffer of an asynchronous transfer.
+at::Tensor emptyPinnedLike(const at::Tensor& like) {
+  return at::detail::empty_strided_generic(
+      like.sizes(), like.strides(), pinnedHostAllocator(),
+      c10::DispatchKeySet(c10::DispatchKey::CPU), like.scalar_type());
+}
+
+// After queueing an asynchronous transfer that reads or writes the pinned
+// `host` tensor: blocking copies wait for it; non_blocking ones tell the
+// host allocator that the stream uses the block, so freeing the tensor at
+// once does not let the block be reused before the transfer is done (as
+// CUDA's CachingHostAllocator_recordEvent does).
+void finishPinnedTransfer(const at::Tensor& host, const PhantomStream& stream,
+                          bool non_blocking) {
+  if (!non_blocking) {
+    stream.synchronize();
+    return;
+  }
+  recordPinnedUse(host.storage(), stream);
+}
+
 void copyHostToDevice(const at::Tensor& src, const at::Tensor& dst,
                       bool non_blocking) {
   const c10::DeviceGuard guard(dst.device());
   const PhantomStream stream = getCurrentPhantomStream(dst.device().index());
+  const bool pinned = isPinnedPointer(src.const_data_ptr());
   if (sameDenseLayout(src, dst) && !src.is_conj() && !src.is_neg()) {
+    // From pageable memory the call returns once the bytes have been read;
+    // from pinned memory it returns at once.
     PHANTOM_CHECK(ph_memcpy_async(dst.data_ptr(), src.const_data_ptr(),
                                   byteSize(dst), PH_MEMCPY_HOST_TO_DEVICE,
                                   stream.handle()));
-    if (isPinnedPointer(src.const_data_ptr())) {
-      if (!non_blocking) {
-        stream.synchronize();
-        return;
-      }
-      // The transfer reads `src` later: keep its memory alive until then.
-      launchAsync(stream, "keep source of non_blocking copy alive", [src] {});
+    if (pinned) {
+      finishPinnedTransfer(src, stream, non_blocking);
     }
     return;
   }
@@ -66,32 +91,54 @@ void copyHostToDevice(const at::Tensor& src, const at::Tensor& dst,
   if (!dst.is_non_overlapping_and_dense()) {
     target = at::empty(dst.sizes(), dst.options());
   }
-  at::Tensor staged = at::empty_strided(target.sizes(), target.strides(),
-                                        target.options().device(c10::kCPU));
+  // A non_blocking copy from pinned memory stays asynchronous: the staging
+  // buffer is pinned too, and is released to the cache with an event.
+  const bool async = pinned && non_blocking;
+  at::Tensor staged =
+      async ? emptyPinnedLike(target)
+            : at::empty_strided(target.sizes(), target.strides(),
+                                target.options().device(c10::kCPU));
   staged.copy_(src);
-  // `staged` is pageable: the call returns once the bytes have arrived.
   PHANTOM_CHECK(ph_memcpy_async(target.data_ptr(), staged.const_data_ptr(),
                                 byteSize(target), PH_MEMCPY_HOST_TO_DEVICE,
                                 stream.handle()));
+  if (async) {
+    recordPinnedUse(staged.storage(), stream);
+  }
   if (!target.is_same(dst)) {
     dst.copy_(target);
   }
 }
 
+void copyOnDevice(const at::Tensor& src, const at::Tensor& dst);
+
 void copyDeviceToHost(const at::Tensor& src, const at::Tensor& dst,
                       bool non_blocking) {
   const c10::DeviceGuard guard(src.device());
   const PhantomStream stream = getCurrentPhantomStream(src.device().index());
-  const at::Tensor dense = src.is_non_overlapping_and_dense() && !src.is_conj() &&
-                                   !src.is_neg()
-                               ? src
-                               : src.contiguous().resolve_conj().resolve_neg();
-  if (sameDenseLayout(dense, dst) && !dst.is_conj() && !dst.is_neg()) {
+  const bool dst_dense =
+      dst.is_non_overlapping_and_dense() && !dst.is_conj() && !dst.is_neg();
+  const bool pinned = dst_dense && isPinnedPointer(dst.const_data_ptr());
+  const bool src_dense =
+      src.is_non_overlapping_and_dense() && !src.is_conj() && !src.is_neg();
+  at::Tensor dense;
+  if (src_dense && sameDenseLayout(src, dst)) {
+    dense = src;
+  } else if (pinned) {
+    // Into pinned memory, convert on the device (queued) into dst's dtype
+    // and layout, so that the transfer is one dense asynchronous copy.
+    dense = at::empty_strided(dst.sizes(), dst.strides(),
+                              src.options().dtype(dst.dtype()));
+    copyOnDevice(src.expand_as(dst), dense);
+  } else {
+    dense = src_dense ? src : src.contiguous().resolve_conj().resolve_neg();
+  }
+  if (dst_dense && sameDenseLayout(dense, dst)) {
     PHANTOM_CHECK(ph_memcpy_async(dst.data_ptr(), dense.const_data_ptr(),
                                   byteSize(dst), PH_MEMCPY_DEVICE_TO_HOST,
                                   stream.handle()));
-    if (isPinnedPointer(dst.const_data_ptr()) && !non_blocking) {
-      stream.synchronize();
+    if (pinned) {
+      finishPinnedTransfer(dst, stream, non_blocking);
     }
     return;
   }
@@ -107,9 +154,9 @@ void copyDeviceToHost(const at::Tensor& src, const at::Tensor& dst,
 void copyOnDevice(const at::Tensor& src, const at::Tensor& dst) {
   const c10::DeviceGuard guard(dst.device());
   launchAsync(getCurrentPhantomStream(dst.device().index()), "aten::copy_",
-              [src, dst] {
+              [from = DeviceTensorRef(src), to = DeviceTensorRef(dst)] {
                 KernelAliases aliases;
-                aliases.alias(dst).copy_(aliases.alias(src));
+                aliases.alias(to).copy_(aliases.alias(from));
               });
 }
 
