@@ -14,14 +14,19 @@
 //      that argument (in-place and out= ops) or a phantom view of it (view
 //      ops); a result the CPU kernel allocated is moved into a new phantom
 //      tensor, on the worker, before the host sees it.
-// The host waits for that work (launchAndWait): this foundation path is
-// synchronous, which is always correct, including for ops whose output
-// shape depends on data. Exceptions from the CPU kernel (bad indices, shape
-// errors) reach the caller unchanged and do not poison the stream.
+// That is the synchronous half: the host waits for the work
+// (launchAndWait), which is right for every op, including those whose
+// output shape depends on data, and exceptions from the CPU kernel reach
+// the caller unchanged. Most ops first try the asynchronous half
+// (AsyncFallback.cpp), which only queues the work; PHANTOM_SYNC_GENERIC=1
+// turns that off (a debugging aid: every generic op then waits). Which
+// half each op took is counted (OpsReport.h).
 #include <phantom/Launch.h>
 #include <phantom/Generator.h>
 #include <phantom/Stream.h>
+#include <phantom/ops/GenericPath.h>
 #include <phantom/ops/KernelAliases.h>
+#include <phantom/ops/OpsReport.h>
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -31,6 +36,8 @@
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
+#include <cstdlib>
+#include <cstring>
 #include <optional>
 #include <string>
 #include <unordered_set>
@@ -249,6 +256,19 @@ void genericFallback(const c10::OperatorHandle& op, c10::DispatchKeySet,
   const c10::ArrayRef<c10::IValue> args = torch::jit::last(stack, num_args);
   const c10::Device device = findDevice(op, args);
   const c10::DeviceGuard guard(device);
+  static const bool force_sync = [] {
+    const char* value = std::getenv("PHANTOM_SYNC_GENERIC");
+    return value != nullptr && std::strcmp(value, "1") == 0;
+  }();
+  const char* sync_reason = "PHANTOM_SYNC_GENERIC=1";
+  if (!force_sync) {
+    sync_reason = runGenericAsync(op, stack, device);
+    if (sync_reason == nullptr) {
+      recordOpPath(schema.name(), OpPath::kGenericAsync);
+      return;
+    }
+  }
+  recordOpPath(schema.name(), OpPath::kGenericSync, sync_reason);
   const PhantomStream stream = getCurrentPhantomStream(device.index());
 
   std::vector<c10::IValue> results;

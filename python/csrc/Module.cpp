@@ -9,6 +9,7 @@
 #include <phantom/Device.h>
 #include <phantom/Generator.h>
 #include <phantom/HostAllocator.h>
+#include <phantom/ops/OpsReport.h>
 #include <phantom/Launch.h>
 #include <phantom/Stream.h>
 
@@ -187,6 +188,21 @@ PYBIND11_MODULE(_C, m) {
         [] { phantom::resetPeakHostMemoryStats(); });
   m.def("_reset_accumulated_host_memory_stats",
         [] { phantom::resetAccumulatedHostMemoryStats(); });
+
+  // Which path each op took (torch_phantom.ops_report()).
+  m.def("_ops_report", [] {
+    py::list rows;
+    for (const auto& row : phantom::opsReport()) {
+      py::dict entry;
+      entry["op"] = row.op;
+      entry["async"] = row.async_calls;
+      entry["sync"] = row.sync_calls;
+      entry["sync_reason"] = row.sync_reason;
+      rows.append(entry);
+    }
+    return rows;
+  });
+  m.def("_reset_ops_report", [] { phantom::resetOpsReport(); });
 
   // Caching allocator (torch_phantom/memory.py).
   m.def("_check_allocator_settings", [] {

@@ -21,7 +21,7 @@ from . import _C  # noqa: F401  (loads libphantom: registers the backend)
 from . import device_module as _device_module
 from . import memory as _memory
 
-__all__ = ["BACKEND_NAME"]
+__all__ = ["BACKEND_NAME", "ops_report", "reset_ops_report"]
 __version__ = "0.1.0"
 
 
@@ -40,3 +40,29 @@ _register()
 # A malformed PHANTOM_ALLOC_CONF is an error at start-up, not at the first
 # allocation deep inside a model.
 _memory._allocator_settings()
+
+
+def ops_report() -> list:
+    """How often each op ran on phantom's generic path, and how: a list of
+    dicts ``{"op", "async", "sync", "sync_reason"}``, most called first.
+    ``async`` calls were only queued (outputs computed ahead by the Meta
+    kernel); ``sync`` calls made the host wait, for ``sync_reason``. Ops
+    with phantom kernels of their own (factories, copies, views, fill_)
+    are not listed. A vendor reads this to plan native kernels."""
+    return _C._ops_report()
+
+
+def reset_ops_report() -> None:
+    _C._reset_ops_report()
+
+
+def _print_ops_report_at_exit() -> None:
+    rows = ops_report()
+    print(f"phantom ops report: {len(rows)} ops on the generic path")
+    print(f"{'op':<48} {'async':>8} {'sync':>8}  sync reason")
+    for row in rows:
+        print(f"{row['op']:<48} {row['async']:>8} {row['sync']:>8}  {row['sync_reason']}")
+
+
+if __import__("os").environ.get("PHANTOM_OPS_REPORT") == "1":
+    __import__("atexit").register(_print_ops_report_at_exit)
