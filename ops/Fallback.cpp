@@ -300,4 +300,15 @@ TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&genericFallback>());
 }
 
+// Ops whose CompositeExplicitAutograd kernel would otherwise be chosen for
+// PrivateUse1 over the boxed fallback: a decomposition into many small ops,
+// slower and not bit-identical to the CPU kernel. Route them to the CPU
+// kernel like every other op.
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("native_layer_norm",
+         torch::CppFunction::makeFromBoxedFunction<&genericFallback>());
+  m.impl("native_group_norm",
+         torch::CppFunction::makeFromBoxedFunction<&genericFallback>());
+}
+
 }  // namespace phantom
