@@ -47,11 +47,6 @@
 namespace phantom {
 namespace {
 
-bool isPhantom(const at::Tensor& tensor) {
-  return tensor.defined() &&
-         tensor.device().type() == c10::DeviceType::PrivateUse1;
-}
-
 bool isTensorType(const c10::TypePtr& type) {
   if (type->kind() == c10::TypeKind::TensorType) {
     return true;
@@ -62,13 +57,7 @@ bool isTensorType(const c10::TypePtr& type) {
 
 bool takesGenerator(const c10::FunctionSchema& schema) {
   for (const auto& argument : schema.arguments()) {
-    const c10::TypePtr& type = argument.type();
-    if (type->kind() == c10::TypeKind::GeneratorType) {
-      return true;
-    }
-    const auto optional = type->cast<c10::OptionalType>();
-    if (optional &&
-        optional->getElementType()->kind() == c10::TypeKind::GeneratorType) {
+    if (isGeneratorArgument(argument)) {
       return true;
     }
   }

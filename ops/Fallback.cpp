@@ -46,11 +46,6 @@
 namespace phantom {
 namespace {
 
-bool isPhantom(const at::Tensor& tensor) {
-  return tensor.defined() &&
-         tensor.device().type() == c10::DeviceType::PrivateUse1;
-}
-
 // Ops that, like on CUDA, accept CPU index tensors next to device tensors.
 bool acceptsHostIndices(const c10::OperatorName& name) {
   return name.name == "aten::index" || name.name == "aten::index_put_" ||
@@ -137,16 +132,6 @@ c10::Device findDevice(const c10::OperatorHandle& op,
     }
   }
   return checker.result();
-}
-
-bool isGeneratorArgument(const c10::Argument& argument) {
-  const c10::TypePtr& type = argument.type();
-  if (type->kind() == c10::TypeKind::GeneratorType) {
-    return true;
-  }
-  const auto optional = type->cast<c10::OptionalType>();
-  return optional &&
-         optional->getElementType()->kind() == c10::TypeKind::GeneratorType;
 }
 
 c10::IValue toKernelArgument(const c10::IValue& arg,

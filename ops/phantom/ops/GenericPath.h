@@ -7,6 +7,22 @@
 
 namespace phantom {
 
+inline bool isPhantom(const at::Tensor& tensor) {
+  return tensor.defined() &&
+         tensor.device().type() == c10::DeviceType::PrivateUse1;
+}
+
+// True for a `Generator` or `Generator?` argument.
+inline bool isGeneratorArgument(const c10::Argument& argument) {
+  const c10::TypePtr& type = argument.type();
+  if (type->kind() == c10::TypeKind::GeneratorType) {
+    return true;
+  }
+  const auto optional = type->cast<c10::OptionalType>();
+  return optional &&
+         optional->getElementType()->kind() == c10::TypeKind::GeneratorType;
+}
+
 // Queues `op` on the current stream of `device` and replaces its arguments
 // on `stack` by its results. Returns nullptr on success, or (leaving the
 // stack untouched) why the op has to take the synchronous path.
