@@ -80,7 +80,9 @@ void Stream::WorkerLoop() {
       sticky_message_ = std::move(message);
     }
     ++completed_;
-    task_completed_.notify_all();
+    if (!wait_targets_.empty() && *wait_targets_.begin() <= completed_) {
+      task_completed_.notify_all();
+    }
     if (on_complete) {
       lock.unlock();
       on_complete();
@@ -129,16 +131,23 @@ ph_status_t Stream::Query() {
   return completed_ == enqueued_ ? PH_SUCCESS : PH_NOT_READY;
 }
 
+void Stream::WaitLocked(std::unique_lock<std::mutex>& lock,
+                        uint64_t generation) {
+  if (completed_ >= generation) return;
+  const auto target = wait_targets_.insert(generation);
+  task_completed_.wait(lock, [&] { return completed_ >= generation; });
+  wait_targets_.erase(target);
+}
+
 ph_status_t Stream::Synchronize() {
   std::unique_lock<std::mutex> lock(mutex_);
-  const uint64_t target = enqueued_;
-  task_completed_.wait(lock, [&] { return completed_ >= target; });
+  WaitLocked(lock, enqueued_);
   return StickyStatusLocked();
 }
 
 void Stream::WaitForGeneration(uint64_t generation) {
   std::unique_lock<std::mutex> lock(mutex_);
-  task_completed_.wait(lock, [&] { return completed_ >= generation; });
+  WaitLocked(lock, generation);
 }
 
 void Stream::Shutdown() {

@@ -34,6 +34,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -104,6 +105,11 @@ class Stream {
   std::mutex mutex_;  // guards everything below
   std::condition_variable work_arrived_;
   std::condition_variable task_completed_;
+  // Generations that threads are waiting for. The worker wakes waiters only
+  // when the smallest is reached, not after every task: on a machine with
+  // few cores, waking a waiter per task makes it compete with the worker.
+  std::multiset<uint64_t> wait_targets_;
+  void WaitLocked(std::unique_lock<std::mutex>& lock, uint64_t generation);
   std::deque<Task> queue_;
   uint64_t enqueued_ = 0;
   uint64_t completed_ = 0;
