@@ -208,3 +208,24 @@ def test_alloc_conf_settings_take_effect():
     result = run_python(code, {"PHANTOM_ALLOC_CONF": "max_split_size_mb:64"})
     assert result.returncode == 0, result.stderr
     assert int(result.stdout.split()[-1]) == 64 << 20
+
+
+GC_CODE = """
+import torch, torch_phantom
+big = (300 << 20) // 4  # 300 MiB of float32, on a 1 GiB device
+x = torch.empty(big, device="phantom")
+del x                   # cached on the default stream
+with torch.phantom.stream(torch.Stream(device="phantom")):
+    y = torch.empty(big, device="phantom")  # cannot reuse it: other stream
+stats = torch.phantom.memory_stats()
+print(stats["reserved_bytes.all.current"] >> 20, stats["num_alloc_retries"])
+"""
+
+
+@pytest.mark.parametrize("conf, reserved_mib", [("", 600), ("garbage_collection_threshold:0.5", 300)])
+def test_garbage_collection_threshold_frees_the_cache_before_growing(conf, reserved_mib):
+    result = run_python(GC_CODE, {"PHANTOM_ALLOC_CONF": conf, "PHANTOM_DEVICE_MEMORY": "1GiB"})
+    assert result.returncode == 0, result.stderr
+    reserved, retries = (int(v) for v in result.stdout.split())
+    assert reserved == reserved_mib
+    assert retries == 0  # collected ahead, not after a failed allocation
