@@ -76,6 +76,13 @@ class DeviceChecker {
     other_ = device;
   }
 
+  void visitGenerator(const at::Generator& generator) {
+    if (generator.defined() &&
+        generator.device().type() == c10::DeviceType::PrivateUse1) {
+      generator_device_ = generator.device();
+    }
+  }
+
   void visitDevice(const c10::Device& device) {
     if (device.type() == c10::DeviceType::PrivateUse1 && !device_) {
       device_ = device;
@@ -83,6 +90,11 @@ class DeviceChecker {
   }
 
   c10::Device result() const {
+    // Like CUDA: a phantom generator handed to an op on CPU tensors.
+    TORCH_CHECK(device_.has_value() || !generator_device_.has_value(),
+                "Expected a 'cpu' device type for generator but found '",
+                generator_device_.value_or(c10::Device(c10::kCPU)), "' (in ",
+                op_.schema().name(), ")");
     TORCH_CHECK(device_.has_value(), op_.schema().name(),
                 " was dispatched to phantom but has no phantom tensor or "
                 "device argument");
@@ -105,6 +117,7 @@ class DeviceChecker {
   const c10::OperatorHandle& op_;
   std::optional<c10::Device> device_;
   std::optional<c10::Device> other_;
+  std::optional<c10::Device> generator_device_;
 };
 
 c10::Device findDevice(const c10::OperatorHandle& op,
@@ -129,6 +142,8 @@ c10::Device findDevice(const c10::OperatorHandle& op,
       }
     } else if (arg.isDevice()) {
       checker.visitDevice(arg.toDevice());
+    } else if (arg.isGenerator()) {
+      checker.visitGenerator(arg.toGenerator());
     }
   }
   return checker.result();

@@ -168,3 +168,11 @@ class device_of(device):
 
 def get_amp_supported_dtype() -> list:
     return [torch.float16, torch.bfloat16]
+
+
+def __getattr__(name: str):
+    # torch.cuda.default_generators: one default generator per device,
+    # built on first use so that importing the module starts no driver.
+    if name == "default_generators":
+        return tuple(_C._default_generator(i) for i in range(_C._device_count()))
+    raise AttributeError(f"module 'torch.{BACKEND_NAME}' has no attribute '{name}'")

@@ -211,3 +211,17 @@ def test_dropout_draws_from_the_phantom_generator_not_the_cpus():
     assert torch.equal(torch.get_rng_state(), cpu_state)  # CPU stream untouched
     torch.manual_seed(SEED + 1)
     assert torch.equal(phantom, F.dropout(torch.ones(64), p=0.5))
+
+
+def test_default_generators_has_one_generator_per_device():
+    generators = torch.phantom.default_generators
+    assert [g.device for g in generators] == [
+        torch.device("phantom", i) for i in range(torch.phantom.device_count())
+    ]
+    generators[1].manual_seed(5)
+    assert torch.phantom.default_generators[1].initial_seed() == 5
+
+
+def test_a_phantom_generator_for_a_cpu_op_is_a_clear_error():
+    with pytest.raises(RuntimeError, match="Expected a 'cpu' device type for generator"):
+        torch.rand(2, generator=torch.Generator(device="phantom"))
