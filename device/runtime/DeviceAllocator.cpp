@@ -12,7 +12,7 @@
 #include <cstdlib>
 #include <deque>
 #include <set>
-#include <unordered_set>
+#include <vector>
 
 namespace phantom {
 
@@ -79,7 +79,7 @@ struct Block {
   Block* prev = nullptr;  // neighbours within the segment
   Block* next = nullptr;
   int pending_events = 0;  // record_stream events not yet completed
-  std::unordered_set<c10::StreamId> stream_uses;
+  std::vector<c10::StreamId> stream_uses;  // record_stream; usually empty
 
   Block(c10::DeviceIndex d, c10::StreamId s, size_t bytes, BlockPool* p,
         void* address)
@@ -160,8 +160,10 @@ class DeviceCachingAllocator {
 
   void recordStream(Block* block, c10::StreamId stream) {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (stream != block->stream) {
-      block->stream_uses.insert(stream);
+    auto& uses = block->stream_uses;
+    if (stream != block->stream &&
+        std::find(uses.begin(), uses.end(), stream) == uses.end()) {
+      uses.push_back(stream);
     }
   }
 
