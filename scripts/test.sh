@@ -18,4 +18,6 @@ bash scripts/test_sanitizers.sh || status=1
 # Run from the tests folder so the installed package, not the source tree,
 # is what gets imported.
 (cd tests/python && python3 -m pytest -q -p no:cacheprovider .) || status=1
+# PyTorch's OpInfo database on phantom against the CPU (docs/conformance.md).
+(cd tests/conformance && python3 -m pytest -q -p no:cacheprovider .) || status=1
 exit $status
