@@ -9,7 +9,8 @@ repairs the order if a plugin imported the framework first.
 
 This file also enforces expected_failures.json for what the test bodies do
 not see (a test the framework skipped or that failed outside its body),
-writes report.json and prints the closing ``N passed, N failed, N skipped``.
+writes report.json and prints the closing ``N passed, N failed, N skipped``
+(known, listed failures on a line of their own before it).
 """
 
 import faulthandler
@@ -201,5 +202,16 @@ def pytest_unconfigure(config):
     if report is None:
         return
     s = report["summary"]
-    sys.stdout.write(f"{s['passed']} passed, {s['failed']} failed, {s['skipped']} skipped\n")
+    # Known failures (listed with their reasons) are reported on their own
+    # line; "failed" in the closing line counts what fails this run: a
+    # failure not listed, or a listed one that now passes (as pytest counts
+    # xfail apart from failed).
+    failed = s["unexpected_failures"] + s["unexpected_passes"] + s["unlisted_skips"]
+    matched = s.get("samples_matched_pct")
+    sys.stdout.write(
+        f"conformance: {s['expected_failures']} known failures listed in "
+        f"expected_failures.json"
+        + (f"; {matched}% of samples match the CPU" if matched is not None else "")
+        + "\n")
+    sys.stdout.write(f"{s['passed']} passed, {failed} failed, {s['skipped']} skipped\n")
     sys.stdout.flush()
