@@ -3,6 +3,8 @@
 //   alloc   allocate + free of a fixed pseudo-random mix of sizes (512 B to
 //           8 MiB, a few live at a time) through phantom's caching device
 //           allocator and through c10's CPU allocator; time per pair.
+//           `allocator_bench R --profile-alloc` (or --profile-cpu-alloc)
+//           runs one side alone, R times, for a profiler.
 //   launch  queueing an empty piece of host work on a stream (raw HAL call
 //           and the runtime's launchAsync), ns per launch, then a sync.
 //
@@ -19,6 +21,7 @@
 #include <chrono>
 #include <cstdio>
 #include <random>
+#include <string>
 #include <vector>
 
 namespace {
@@ -93,6 +96,21 @@ int main(int argc, char** argv) {
   const auto sizes = mixedSizes(20000);
   c10::Allocator* cpu = c10::GetCPUAllocator();
   c10::Allocator* device = &phantom::deviceAllocator();
+  if (argc > 2) {
+    // One allocator alone, for a profiler (perf record ... --profile-alloc).
+    const std::string mode = argv[2];
+    c10::Allocator* alone = mode == "--profile-alloc"       ? device
+                            : mode == "--profile-cpu-alloc" ? cpu
+                                                            : nullptr;
+    if (alone == nullptr) {
+      std::fprintf(stderr, "unknown option %s\n", argv[2]);
+      return 2;
+    }
+    for (int r = 0; r < repetitions; ++r) {
+      allocFreeNs(alone, sizes);
+    }
+    return 0;
+  }
 
   // Warm up both (first touches, cache fill).
   allocFreeNs(device, sizes);

@@ -103,12 +103,12 @@ Config MakeConfig(const char* device_count, const char* device_memory) {
 
 const Config& GetConfig() {
   // Leaked on purpose: worker threads may still consult it during exit.
-  static Config* config = nullptr;
-  static std::once_flag once;
-  std::call_once(once, [] {
-    config = new Config(MakeConfig(std::getenv("PHANTOM_DEVICE_COUNT"),
-                                   std::getenv("PHANTOM_DEVICE_MEMORY")));
-  });
+  // A function-local static (one inline guard check per call) rather than
+  // std::call_once, whose thread-local set-up runs on every call: this is
+  // on the path of every driver call.
+  static const Config* const config =
+      new Config(MakeConfig(std::getenv("PHANTOM_DEVICE_COUNT"),
+                            std::getenv("PHANTOM_DEVICE_MEMORY")));
   return *config;
 }
 

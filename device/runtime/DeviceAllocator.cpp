@@ -8,9 +8,11 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
+#include <memory>
 #include <set>
 #include <vector>
 
@@ -62,10 +64,45 @@ struct BlockComparator {
   bool operator()(const Block* a, const Block* b) const;
 };
 
-struct BlockPool {
+// Free blocks of the small pool are kept in exact-size bins (one per
+// multiple of kMinBlockSize up to a whole small segment), per stream, with a
+// bitmap of the non-empty bins: finding the best fit, inserting and erasing
+// are a few word operations instead of a balanced-tree walk. Small requests
+// are most of a training step's allocations.
+constexpr size_t kSmallBins = kSmallBuffer / kMinBlockSize;
+constexpr size_t kBitsPerWord = 64;
+
+struct StreamBins {
+  explicit StreamBins(c10::StreamId s) : stream(s) {}
+  const c10::StreamId stream;
+  std::array<Block*, kSmallBins> heads{};  // LIFO lists through Block::bin_*
+  std::array<uint64_t, kSmallBins / kBitsPerWord> occupied{};
+  uint64_t occupied_words = 0;  // bit w: occupied[w] != 0
+};
+static_assert(kSmallBins / kBitsPerWord <= kBitsPerWord,
+              "the summary bitmap has one bit per bitmap word");
+
+// The free blocks of one pool. The large pool is ordered by (stream, size,
+// address), as CUDA's allocator orders it; the small pool uses bins.
+class BlockPool {
+ public:
   explicit BlockPool(bool small) : is_small(small) {}
-  std::set<Block*, BlockComparator> blocks;
   const bool is_small;
+
+  void insert(Block* block);
+  void erase(Block* block);
+  // The smallest free block of `stream` of at least `size` bytes (left in
+  // the pool), or nullptr.
+  Block* bestFit(c10::StreamId stream, size_t size);
+  // Every free block, for the rare walks (releasing segments).
+  std::vector<Block*> all() const;
+
+ private:
+  StreamBins* binsFor(c10::StreamId stream);
+
+  std::set<Block*, BlockComparator> sorted_;           // large pool
+  std::vector<std::unique_ptr<StreamBins>> bins_;      // small pool
+  StreamBins* last_bins_ = nullptr;                    // most recent stream
 };
 
 struct Block {
@@ -78,6 +115,8 @@ struct Block {
   bool allocated = false;
   Block* prev = nullptr;  // neighbours within the segment
   Block* next = nullptr;
+  Block* bin_prev = nullptr;  // free list of a small-pool bin
+  Block* bin_next = nullptr;
   int pending_events = 0;  // record_stream events not yet completed
   std::vector<c10::StreamId> stream_uses;  // record_stream; usually empty
 
@@ -97,6 +136,104 @@ bool BlockComparator::operator()(const Block* a, const Block* b) const {
   }
   return reinterpret_cast<uintptr_t>(a->ptr) <
          reinterpret_cast<uintptr_t>(b->ptr);
+}
+
+size_t binOf(const Block* block) {
+  const size_t bin = block->size / kMinBlockSize - 1;
+  TORCH_INTERNAL_ASSERT(bin < kSmallBins, "small-pool block of ", block->size,
+                        " bytes");
+  return bin;
+}
+
+StreamBins* BlockPool::binsFor(c10::StreamId stream) {
+  if (last_bins_ != nullptr && last_bins_->stream == stream) {
+    return last_bins_;
+  }
+  for (auto& bins : bins_) {
+    if (bins->stream == stream) {
+      return last_bins_ = bins.get();
+    }
+  }
+  bins_.push_back(std::make_unique<StreamBins>(stream));
+  return last_bins_ = bins_.back().get();
+}
+
+void BlockPool::insert(Block* block) {
+  if (!is_small) {
+    sorted_.insert(block);
+    return;
+  }
+  StreamBins& bins = *binsFor(block->stream);
+  const size_t bin = binOf(block);
+  block->bin_prev = nullptr;
+  block->bin_next = bins.heads[bin];
+  if (block->bin_next != nullptr) {
+    block->bin_next->bin_prev = block;
+  }
+  bins.heads[bin] = block;
+  bins.occupied[bin / kBitsPerWord] |= uint64_t{1} << (bin % kBitsPerWord);
+  bins.occupied_words |= uint64_t{1} << (bin / kBitsPerWord);
+}
+
+void BlockPool::erase(Block* block) {
+  if (!is_small) {
+    sorted_.erase(block);
+    return;
+  }
+  StreamBins& bins = *binsFor(block->stream);
+  const size_t bin = binOf(block);
+  if (block->bin_prev != nullptr) {
+    block->bin_prev->bin_next = block->bin_next;
+  } else {
+    bins.heads[bin] = block->bin_next;
+  }
+  if (block->bin_next != nullptr) {
+    block->bin_next->bin_prev = block->bin_prev;
+  }
+  block->bin_prev = block->bin_next = nullptr;
+  if (bins.heads[bin] == nullptr) {
+    uint64_t& word = bins.occupied[bin / kBitsPerWord];
+    word &= ~(uint64_t{1} << (bin % kBitsPerWord));
+    if (word == 0) {
+      bins.occupied_words &= ~(uint64_t{1} << (bin / kBitsPerWord));
+    }
+  }
+}
+
+Block* BlockPool::bestFit(c10::StreamId stream, size_t size) {
+  if (!is_small) {
+    Block key(0, stream, size, this, nullptr);
+    auto it = sorted_.lower_bound(&key);
+    return it == sorted_.end() || (*it)->stream != stream ? nullptr : *it;
+  }
+  const StreamBins& bins = *binsFor(stream);
+  const size_t first = size / kMinBlockSize - 1;
+  size_t word = first / kBitsPerWord;
+  uint64_t bits = bins.occupied[word] & (~uint64_t{0} << (first % kBitsPerWord));
+  if (bits == 0) {
+    // The next non-empty word above, from the summary.
+    const uint64_t above = word + 1 < kBitsPerWord
+                               ? bins.occupied_words & (~uint64_t{0} << (word + 1))
+                               : 0;
+    if (above == 0) {
+      return nullptr;
+    }
+    word = static_cast<size_t>(__builtin_ctzll(above));
+    bits = bins.occupied[word];
+  }
+  return bins.heads[word * kBitsPerWord + __builtin_ctzll(bits)];
+}
+
+std::vector<Block*> BlockPool::all() const {
+  std::vector<Block*> blocks(sorted_.begin(), sorted_.end());
+  for (const auto& bins : bins_) {
+    for (Block* head : bins->heads) {
+      for (Block* b = head; b != nullptr; b = b->bin_next) {
+        blocks.push_back(b);
+      }
+    }
+  }
+  return blocks;
 }
 
 void deleteBlock(void* context);
@@ -253,18 +390,43 @@ class DeviceCachingAllocator {
   }
 
   static void update(StatArray& array, size_t pool_type, int64_t amount) {
-    for (size_t index : {kAggregate, pool_type}) {
-      if (amount >= 0) {
-        array[index].increase(static_cast<size_t>(amount));
-      } else {
-        array[index].decrease(static_cast<size_t>(-amount));
-      }
+    if (amount >= 0) {
+      array[kAggregate].increase(static_cast<size_t>(amount));
+      array[pool_type].increase(static_cast<size_t>(amount));
+    } else {
+      array[kAggregate].decrease(static_cast<size_t>(-amount));
+      array[pool_type].decrease(static_cast<size_t>(-amount));
     }
   }
 
+  // Block records are recycled: splitting and merging happen on most
+  // allocations and frees, and a heap allocation each would cost more than
+  // the rest of the bookkeeping.
+  Block* makeBlock(c10::StreamId stream, size_t size, BlockPool* pool,
+                   void* ptr) {
+    if (spare_.empty()) {
+      return new Block(device_, stream, size, pool, ptr);
+    }
+    Block* block = spare_.back();
+    spare_.pop_back();
+    block->stream = stream;
+    block->size = size;
+    block->requested_size = 0;
+    block->pool = pool;
+    block->ptr = ptr;
+    block->allocated = false;
+    block->prev = block->next = nullptr;
+    block->bin_prev = block->bin_next = nullptr;
+    block->pending_events = 0;
+    block->stream_uses.clear();
+    return block;
+  }
+
+  void recycle(Block* block) { spare_.push_back(block); }
+
   // Pool membership, keeping the inactive-split statistics exact.
   void insertFree(Block* block) {
-    block->pool->blocks.insert(block);
+    block->pool->insert(block);
     if (block->isSplit()) {
       const size_t pool_type = block->pool->is_small ? kSmallPool : kLargePool;
       update(stats_.inactive_split, pool_type, 1);
@@ -273,7 +435,7 @@ class DeviceCachingAllocator {
   }
 
   void eraseFree(Block* block) {
-    block->pool->blocks.erase(block);
+    block->pool->erase(block);
     if (block->isSplit()) {
       const size_t pool_type = block->pool->is_small ? kSmallPool : kLargePool;
       update(stats_.inactive_split, pool_type, -1);
@@ -282,12 +444,10 @@ class DeviceCachingAllocator {
   }
 
   Block* takeFreeBlock(BlockPool& pool, c10::StreamId stream, size_t size) {
-    Block key(device_, stream, size, &pool, nullptr);
-    auto it = pool.blocks.lower_bound(&key);
-    if (it == pool.blocks.end() || (*it)->stream != stream) {
+    Block* block = pool.bestFit(stream, size);
+    if (block == nullptr) {
       return nullptr;
     }
-    Block* block = *it;
     // Big blocks are kept for big requests: never cut a small request out
     // of a block past max_split_size, nor waste most of one.
     if (size < settings_.max_split_size &&
@@ -318,7 +478,7 @@ class DeviceCachingAllocator {
       return nullptr;
     }
     PHANTOM_CHECK(status);
-    auto* block = new Block(device_, stream, segment_size, &pool, ptr);
+    Block* block = makeBlock(stream, segment_size, &pool, ptr);
     segments_.insert(block);
     const size_t pool_type = pool.is_small ? kSmallPool : kLargePool;
     update(stats_.segment, pool_type, 1);
@@ -339,8 +499,8 @@ class DeviceCachingAllocator {
     if (!split) {
       return block;
     }
-    auto* rest = new Block(device_, block->stream, remaining, block->pool,
-                           static_cast<char*>(block->ptr) + size);
+    Block* rest = makeBlock(block->stream, remaining, block->pool,
+                            static_cast<char*>(block->ptr) + size);
     rest->prev = block;
     rest->next = block->next;
     if (rest->next != nullptr) {
@@ -352,6 +512,22 @@ class DeviceCachingAllocator {
     return block;
   }
 
+  static bool isFree(const Block* block) {
+    return block != nullptr && !block->allocated && block->pending_events == 0;
+  }
+
+  // `block` takes over its next neighbour's bytes; the neighbour's record
+  // is recycled.
+  void absorbNext(Block* block) {
+    Block* next = block->next;
+    block->size += next->size;
+    block->next = next->next;
+    if (block->next != nullptr) {
+      block->next->prev = block;
+    }
+    recycle(next);
+  }
+
   // The block (no longer allocated, no pending events) rejoins its pool,
   // merged with free neighbours.
   void returnToPool(Block* block) {
@@ -359,30 +535,16 @@ class DeviceCachingAllocator {
     update(stats_.active, pool_type, -1);
     update(stats_.active_bytes, pool_type, -int64_t(block->size));
     block->stream_uses.clear();
-    for (Block* neighbour : {block->prev, block->next}) {
-      if (neighbour == nullptr || neighbour->allocated ||
-          neighbour->pending_events > 0) {
-        continue;
-      }
-      eraseFree(neighbour);
-      if (neighbour == block->prev) {
-        // The segment's head stays the head: merge into the neighbour's place.
-        if (segments_.erase(neighbour) > 0) {
-          segments_.insert(block);
-        }
-        block->ptr = neighbour->ptr;
-        block->prev = neighbour->prev;
-        if (block->prev != nullptr) {
-          block->prev->next = block;
-        }
-      } else {
-        block->next = neighbour->next;
-        if (block->next != nullptr) {
-          block->next->prev = block;
-        }
-      }
-      block->size += neighbour->size;
-      delete neighbour;
+    // Merging keeps the lower block, so a segment's head never changes.
+    if (isFree(block->prev)) {
+      Block* prev = block->prev;
+      eraseFree(prev);
+      absorbNext(prev);
+      block = prev;
+    }
+    if (isFree(block->next)) {
+      eraseFree(block->next);
+      absorbNext(block);
     }
     insertFree(block);
   }
@@ -455,14 +617,12 @@ class DeviceCachingAllocator {
 
   void releaseCachedSegments(bool only_idle_streams = false) {
     for (BlockPool* pool : {&small_, &large_}) {
-      for (auto it = pool->blocks.begin(); it != pool->blocks.end();) {
-        Block* block = *it;
+      for (Block* block : pool->all()) {
         if (block->isSplit() ||
             (only_idle_streams && !streamIsIdle(block->stream))) {
-          ++it;
           continue;
         }
-        it = pool->blocks.erase(it);
+        pool->erase(block);
         releaseSegment(block);
       }
     }
@@ -490,7 +650,7 @@ class DeviceCachingAllocator {
       stats_.oversize_segments.decrease(1);
     }
     segments_.erase(block);
-    delete block;
+    recycle(block);
   }
 
   void maybeCollectGarbage(size_t segment_size,
@@ -538,6 +698,7 @@ class DeviceCachingAllocator {
   BlockPool large_{false};
   std::set<Block*> segments_;  // the head block of each segment
   std::deque<std::pair<ph_event_t, Block*>> pending_;
+  std::vector<Block*> spare_;  // recycled Block records (never shrinks: few)
   DeviceStats stats_;
 };
 
@@ -607,6 +768,11 @@ PhantomDeviceAllocator::PhantomDeviceAllocator() = default;
 PhantomDeviceAllocator::~PhantomDeviceAllocator() = default;
 
 const AllocatorSettings& PhantomDeviceAllocator::settings() {
+  // std::call_once costs thread-local set-up on every call; this is on
+  // every allocation, so check a flag first.
+  if (C10_LIKELY(ready_.load(std::memory_order_acquire))) {
+    return settings_;
+  }
   std::call_once(init_, [this] {
     const char* text = std::getenv("PHANTOM_ALLOC_CONF");
     settings_ = parseAllocatorSettings(text == nullptr ? "" : text);
@@ -615,6 +781,7 @@ const AllocatorSettings& PhantomDeviceAllocator::settings() {
       devices_.push_back(
           std::make_unique<DeviceCachingAllocator>(device, settings_));
     }
+    ready_.store(true, std::memory_order_release);
   });
   return settings_;
 }
@@ -622,8 +789,13 @@ const AllocatorSettings& PhantomDeviceAllocator::settings() {
 DeviceCachingAllocator& PhantomDeviceAllocator::forDevice(
     c10::DeviceIndex device) {
   settings();
-  checkDeviceIndex(device);
-  return *devices_[device];
+  if (C10_LIKELY(device >= 0 &&
+                 static_cast<size_t>(device) < devices_.size())) {
+    return *devices_[device];
+  }
+  checkDeviceIndex(device);  // throws, saying what is valid
+  TORCH_INTERNAL_ASSERT(false, "phantom:", static_cast<int>(device),
+                        " has no allocator");
 }
 
 c10::DataPtr PhantomDeviceAllocator::allocate(size_t nbytes) {
@@ -632,8 +804,8 @@ c10::DataPtr PhantomDeviceAllocator::allocate(size_t nbytes) {
   if (nbytes == 0) {
     return {nullptr, nullptr, &deleteBlock, where};
   }
-  const c10::StreamId stream = getCurrentPhantomStream(device).id();
-  Block* block = forDevice(device).malloc(nbytes, stream);
+  DeviceCachingAllocator& allocator = forDevice(device);
+  Block* block = allocator.malloc(nbytes, currentPhantomStreamId(device));
   return {block->ptr, block, &deleteBlock, where};
 }
 

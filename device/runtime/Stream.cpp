@@ -136,6 +136,10 @@ PhantomStream getCurrentPhantomStream(c10::DeviceIndex device) {
   return PhantomStream(makeStream(device, current_stream_ids[device]));
 }
 
+c10::StreamId currentPhantomStreamId(c10::DeviceIndex device) noexcept {
+  return current_stream_ids[device];
+}
+
 PhantomStream getStreamFromPool(bool high_priority, c10::DeviceIndex device) {
   device = resolve(device);
   DeviceStreams& streams = streamsOf(device);

@@ -317,6 +317,36 @@ TEST(CachingAllocator, SmallRequestsShareASegmentAndMergeBackOnFree) {
   EXPECT_EQ(reservedBytes(0), reserved_before);
 }
 
+TEST(CachingAllocator, SmallRequestsGetTheSmallestFreeBlockThatFits) {
+  // Free holes of 4 KiB, 600 KiB and 16 KiB, kept apart by live blocks so
+  // they cannot merge; the bins are exact sizes, so every request must land
+  // in the smallest hole that holds it, including a search that has to
+  // skip hundreds of empty bins (64 KiB -> 600 KiB).
+  phantom::deviceAllocator().emptyCache();
+  const auto bytes = [](int64_t n) {
+    return at::empty({n}, at::device(kPhantom0).dtype(at::kByte));
+  };
+  at::Tensor hole_4k = bytes(4 << 10);
+  at::Tensor guard_1 = bytes(512);
+  at::Tensor hole_600k = bytes(600 << 10);
+  at::Tensor guard_2 = bytes(512);
+  at::Tensor hole_16k = bytes(16 << 10);
+  at::Tensor guard_3 = bytes(512);
+  void* const at_4k = hole_4k.data_ptr();
+  void* const at_600k = hole_600k.data_ptr();
+  void* const at_16k = hole_16k.data_ptr();
+  hole_4k.reset();
+  hole_600k.reset();
+  hole_16k.reset();
+
+  at::Tensor a = bytes(10 << 10);   // 4 KiB is too small: the 16 KiB hole
+  at::Tensor b = bytes(3 << 10);    // the 4 KiB hole
+  at::Tensor c = bytes(64 << 10);   // only the 600 KiB hole is left
+  EXPECT_EQ(a.data_ptr(), at_16k);
+  EXPECT_EQ(b.data_ptr(), at_4k);
+  EXPECT_EQ(c.data_ptr(), at_600k);
+}
+
 TEST(CachingAllocator, AFreedBlockIsNotHandedToAnotherStream) {
   const auto other = phantom::getStreamFromPool(false, 0);
   void* first = nullptr;

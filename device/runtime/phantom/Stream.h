@@ -62,6 +62,10 @@ class PhantomStream {
 // device == -1 means the current device.
 PhantomStream getDefaultPhantomStream(c10::DeviceIndex device = -1);
 PhantomStream getCurrentPhantomStream(c10::DeviceIndex device = -1);
+
+// The id of the calling thread's current stream on `device`, which must be
+// a valid device index: the allocator's per-allocation fast path.
+c10::StreamId currentPhantomStreamId(c10::DeviceIndex device) noexcept;
 PhantomStream getStreamFromPool(bool high_priority = false,
                                 c10::DeviceIndex device = -1);
 PhantomStream getStreamFromPool(int priority, c10::DeviceIndex device);
