@@ -117,6 +117,48 @@ ph_status_t QueueCopy(Stream& stream, TaskKind kind, const char* name,
   return stream.StickyStatus();
 }
 
+
+// ph_launch_host_func and ph_run_host_func: validate the task, wrap it, and
+// hand it to `submit` (which owns it from then on). hal.h promises
+// `release` on every error return.
+template <typename Submit>
+ph_status_t SubmitHostTask(const char* function, ph_stream_t handle,
+                           const ph_host_task_t* host_task, Submit&& submit) {
+  if (host_task == nullptr) return NullOut(function, "task");
+  const ph_host_task_t copy = *host_task;
+  auto release = [copy] {
+    if (copy.release != nullptr) copy.release(copy.user_data);
+  };
+  if (copy.run == nullptr) {
+    release();
+    return Fail(PH_ERROR_INVALID_ARGUMENT,
+                std::string(function) + ": task '" +
+                    (copy.name != nullptr ? copy.name : "(unnamed)") +
+                    "' has a NULL run function");
+  }
+  std::shared_ptr<Stream> stream;
+  const ph_status_t found = GetStream(function, handle, &stream);
+  if (found != PH_SUCCESS) {
+    release();
+    return found;
+  }
+  // Until the stream owns the task, an exception (bad_alloc building the
+  // closures) must still release it.
+  try {
+    Task task;
+    task.kind = TaskKind::kHostFunc;
+    task.name = copy.name != nullptr ? copy.name : "(unnamed)";
+    task.run = [copy](char* error, size_t error_size) {
+      return copy.run(copy.user_data, error, error_size);
+    };
+    task.release = release;
+    return submit(*stream, std::move(task));
+  } catch (...) {
+    release();
+    throw;
+  }
+}
+
 }  // namespace
 }  // namespace phantom::fake
 
@@ -453,40 +495,28 @@ ph_status_t ph_stream_wait_event(ph_stream_t stream_handle,
 ph_status_t ph_launch_host_func(ph_stream_t handle,
                                 const ph_host_task_t* host_task) {
   return Guarded("ph_launch_host_func", [&] {
-    if (host_task == nullptr) return NullOut("ph_launch_host_func", "task");
-    const ph_host_task_t copy = *host_task;
-    auto release = [copy] {
-      if (copy.release != nullptr) copy.release(copy.user_data);
-    };
-    if (copy.run == nullptr) {
-      release();
-      return Fail(PH_ERROR_INVALID_ARGUMENT,
-                  std::string("ph_launch_host_func: task '") +
-                      (copy.name != nullptr ? copy.name : "(unnamed)") +
-                      "' has a NULL run function");
-    }
-    std::shared_ptr<Stream> stream;
-    const ph_status_t found = GetStream("ph_launch_host_func", handle, &stream);
-    if (found != PH_SUCCESS) {
-      release();
-      return found;
-    }
-    // Until Enqueue owns the task, an exception (bad_alloc building the
-    // closures) must still release it: hal.h promises release on any error.
-    try {
-      Task task;
-      task.kind = TaskKind::kHostFunc;
-      task.name = copy.name != nullptr ? copy.name : "(unnamed)";
-      task.run = [copy](char* error, size_t error_size) {
-        return copy.run(copy.user_data, error, error_size);
-      };
-      task.release = release;
-      uint64_t generation = 0;
-      return stream->Enqueue(std::move(task), true, &generation);
-    } catch (...) {
-      release();
-      throw;
-    }
+    return SubmitHostTask("ph_launch_host_func", handle, host_task,
+                          [](Stream& stream, Task task) {
+                            uint64_t generation = 0;
+                            return stream.Enqueue(std::move(task), true,
+                                                  &generation);
+                          });
+  });
+}
+
+ph_status_t ph_run_host_func(ph_stream_t handle,
+                             const ph_host_task_t* host_task) {
+  return Guarded("ph_run_host_func", [&] {
+    return SubmitHostTask(
+        "ph_run_host_func", handle, host_task, [](Stream& stream, Task task) {
+          if (CurrentStream() == &stream) {
+            if (task.release) task.release();
+            return Fail(PH_ERROR_INVALID_ARGUMENT,
+                        "ph_run_host_func: called from work running on the "
+                        "same stream, which would wait for itself");
+          }
+          return stream.RunNow(std::move(task));
+        });
   });
 }
 

@@ -52,59 +52,88 @@ void Stream::WorkerLoop() {
   t_current_stream = this;
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
-    work_arrived_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+    work_arrived_.wait(lock, [this] {
+      return !inline_running_ && (stopping_ || !queue_.empty());
+    });
     if (queue_.empty()) break;  // stopping and drained
     Task task = std::move(queue_.front());
     queue_.pop_front();
-    const bool skip = sticky_status_ != PH_SUCCESS && !task.runs_when_sticky;
-    lock.unlock();
-
-    ph_status_t status = PH_SUCCESS;
-    char error[kTaskErrorBytes] = "";
-    if (!skip && task.run) status = task.run(error, sizeof error);
-    if (task.release) task.release();
-    const char* name = task.name != nullptr ? task.name : "(unnamed)";
-    std::string message;
-    if (status != PH_SUCCESS) {
-      error[sizeof error - 1] = '\0';
-      message = std::string("work '") + name + "' failed on phantom device " +
-                std::to_string(device_) + ": " +
-                (error[0] != '\0' ? error : "(the work gave no message)");
-    }
-    std::function<void()> on_complete = std::move(task.on_complete);
-    task = Task{};  // destroy the closures outside the lock
-
-    lock.lock();
-    if (status != PH_SUCCESS && sticky_status_ == PH_SUCCESS) {
-      sticky_status_ = AsTaskError(status);
-      sticky_message_ = std::move(message);
-    }
-    ++completed_;
-    if (!wait_targets_.empty() && *wait_targets_.begin() <= completed_) {
-      task_completed_.notify_all();
-    }
-    if (on_complete) {
-      lock.unlock();
-      on_complete();
-      lock.lock();
-    }
+    Execute(std::move(task), lock);
   }
   t_current_stream = nullptr;
 }
 
+void Stream::Execute(Task task, std::unique_lock<std::mutex>& lock) {
+  const bool skip = sticky_status_ != PH_SUCCESS && !task.runs_when_sticky;
+  lock.unlock();
+
+  ph_status_t status = PH_SUCCESS;
+  char error[kTaskErrorBytes] = "";
+  if (!skip && task.run) status = task.run(error, sizeof error);
+  if (task.release) task.release();
+  const char* name = task.name != nullptr ? task.name : "(unnamed)";
+  std::string message;
+  if (status != PH_SUCCESS) {
+    error[sizeof error - 1] = '\0';
+    message = std::string("work '") + name + "' failed on phantom device " +
+              std::to_string(device_) + ": " +
+              (error[0] != '\0' ? error : "(the work gave no message)");
+  }
+  std::function<void()> on_complete = std::move(task.on_complete);
+  task = Task{};  // destroy the closures outside the lock
+
+  lock.lock();
+  if (status != PH_SUCCESS && sticky_status_ == PH_SUCCESS) {
+    sticky_status_ = AsTaskError(status);
+    sticky_message_ = std::move(message);
+  }
+  ++completed_;
+  if (!wait_targets_.empty() && *wait_targets_.begin() <= completed_) {
+    task_completed_.notify_all();
+  }
+  if (on_complete) {
+    lock.unlock();
+    on_complete();
+    lock.lock();
+  }
+}
+
+ph_status_t Stream::RunNow(Task task) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  std::string message;
+  const ph_status_t refusal = RefusalLocked(true, &message);
+  if (refusal != PH_SUCCESS) {
+    lock.unlock();
+    if (task.release) task.release();
+    return Fail(refusal, std::move(message));
+  }
+  const bool idle = queue_.empty() && completed_ == enqueued_ &&
+                    !inline_running_;
+  if (!idle) {
+    queue_.push_back(std::move(task));
+    const uint64_t generation = ++enqueued_;
+    work_arrived_.notify_one();
+    WaitLocked(lock, generation);
+    return StickyStatusLocked();
+  }
+  ++enqueued_;
+  inline_running_ = true;
+  Stream* const caller_stream = t_current_stream;
+  t_current_stream = this;  // the task runs as this stream's work
+  Execute(std::move(task), lock);
+  t_current_stream = caller_stream;
+  inline_running_ = false;
+  if (!queue_.empty() || stopping_) work_arrived_.notify_one();
+  return StickyStatusLocked();
+}
 ph_status_t Stream::Enqueue(Task task, bool refuse_when_sticky,
                             uint64_t* out_generation) {
   ph_status_t refusal = PH_SUCCESS;
   std::string message;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (stopping_) {
-      refusal = PH_ERROR_INVALID_HANDLE;
-      message = "the stream is being destroyed";
-    } else if (refuse_when_sticky && sticky_status_ != PH_SUCCESS) {
-      refusal = sticky_status_;
-      message = sticky_message_;
-    } else {
+    refusal = RefusalLocked(refuse_when_sticky, &message);
+    if (refusal == PH_SUCCESS) {
       queue_.push_back(std::move(task));
       *out_generation = ++enqueued_;
       work_arrived_.notify_one();
@@ -113,6 +142,19 @@ ph_status_t Stream::Enqueue(Task task, bool refuse_when_sticky,
   }
   if (task.release) task.release();
   return Fail(refusal, std::move(message));
+}
+
+ph_status_t Stream::RefusalLocked(bool refuse_when_sticky,
+                                  std::string* message) {
+  if (stopping_) {
+    *message = "the stream is being destroyed";
+    return PH_ERROR_INVALID_HANDLE;
+  }
+  if (refuse_when_sticky && sticky_status_ != PH_SUCCESS) {
+    *message = sticky_message_;
+    return sticky_status_;
+  }
+  return PH_SUCCESS;
 }
 
 ph_status_t Stream::StickyStatusLocked() {

@@ -19,6 +19,14 @@
 // Threads: the worker marks itself with a thread-local "current stream",
 // which is how ph_kernel_address knows it runs inside work and how
 // synchronize/destroy refuse to wait for the calling worker itself.
+//
+// Running on the caller (RunNow, for ph_run_host_func): when the queue is
+// empty and nothing is running, the calling thread takes the next
+// generation, marks the stream busy (the worker starts nothing meanwhile;
+// work queued by others waits behind it), runs the task as the stream's
+// current work and counts it complete like the worker would. This saves
+// the two thread hand-offs of launch-then-wait for host work whose result
+// the caller needs at once.
 // Priority is recorded and reported but does not change scheduling on the
 // fake (every stream has its own thread; the OS schedules them fairly).
 //
@@ -80,6 +88,11 @@ class Stream {
   ph_status_t Enqueue(Task task, bool refuse_when_sticky,
                       uint64_t* out_generation);
 
+  // Runs `task` in stream order and returns once it has completed
+  // (ph_run_host_func): on the calling thread when the stream is idle,
+  // else queued and waited for. Returns PH_SUCCESS or the sticky error.
+  ph_status_t RunNow(Task task);
+
   // PH_SUCCESS, PH_NOT_READY or the sticky error (message set).
   ph_status_t Query();
   // Blocks until every task queued before the call has completed; returns
@@ -98,7 +111,13 @@ class Stream {
 
  private:
   void WorkerLoop();
+  // Runs (or, on a sticky stream, skips) a dequeued task without the lock,
+  // then counts it complete; `lock` is held on entry and on return.
+  void Execute(Task task, std::unique_lock<std::mutex>& lock);
   ph_status_t StickyStatusLocked();
+  // Why a new task must be refused (stream shutting down; or sticky, if
+  // asked), with the message; PH_SUCCESS to accept it.
+  ph_status_t RefusalLocked(bool refuse_when_sticky, std::string* message);
 
   const int device_;
   const int priority_;
@@ -116,6 +135,9 @@ class Stream {
   ph_status_t sticky_status_ = PH_SUCCESS;
   std::string sticky_message_;
   bool stopping_ = false;
+  // A task is running on a host thread (RunNow); the worker starts nothing
+  // until it completes, so stream order holds.
+  bool inline_running_ = false;
   std::thread worker_;
   std::mutex join_mutex_;  // serialises Shutdown's join
 };

@@ -14,21 +14,36 @@ namespace {
 
 thread_local ph_stream_t work_stream = nullptr;
 
-// Marks the calling worker as running work of `stream`, and makes the
+// Marks the calling thread as running work of `stream`, and makes the
 // stream's device and the stream itself current there, so allocations the
-// work makes land on that device and belong to that stream.
+// work makes land on that device and belong to that stream. The thread is
+// usually the stream's worker, but a driver may run waited work on the
+// host thread that asked for it (ph_run_host_func), so the host's current
+// device and stream are restored afterwards.
 class InDeviceWork {
  public:
   explicit InDeviceWork(const PhantomStream& stream)
-      : previous_(work_stream) {
+      : previous_(work_stream),
+        previous_stream_(getCurrentPhantomStream(stream.device_index())) {
+    PHANTOM_CHECK(ph_get_device(&previous_device_));
     work_stream = stream.handle();
-    PHANTOM_CHECK(ph_set_device(stream.device_index()));
-    setCurrentPhantomStream(stream);
+    if (previous_device_ != stream.device_index()) {
+      PHANTOM_CHECK(ph_set_device(stream.device_index()));
+    }
+    if (previous_stream_ != stream) {
+      setCurrentPhantomStream(stream);
+    }
   }
-  ~InDeviceWork() { work_stream = previous_; }
+  ~InDeviceWork() {
+    work_stream = previous_;
+    setCurrentPhantomStream(previous_stream_);
+    (void)ph_set_device(previous_device_);
+  }
 
  private:
   ph_stream_t previous_;
+  PhantomStream previous_stream_;
+  int previous_device_ = 0;
 };
 
 const char* whatOf(const std::exception& e) {
@@ -109,8 +124,15 @@ void launchAndWait(const PhantomStream& stream, const char* name,
   auto* handle = new std::shared_ptr<WaitedWork>(state);
   const ph_host_task_t task{name, &WaitedWork::run, &WaitedWork::release,
                             handle};
-  PHANTOM_CHECK(ph_launch_host_func(stream.handle(), &task));
-  stream.synchronize();
+  // Runs in stream order and returns when done; the fake runs it on this
+  // thread when the stream is idle.
+  const ph_status_t status = ph_run_host_func(stream.handle(), &task);
+  if (status != PH_SUCCESS) {
+    // The stream's sticky error (an earlier task's, or this one's): report
+    // it the way a sync does, which also resets the stream.
+    stream.synchronize();
+    PHANTOM_CHECK(status);
+  }
   if (state->failure) {
     std::rethrow_exception(state->failure);
   }

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -280,6 +281,52 @@ TEST(FaultHandlerDeathTest, OtherFaultsWithDefaultActionStillCrash) {
         *static_cast<volatile char*>(page) = 1;
       },
       DiedAbnormally, "");
+}
+
+/* ---- Running waited work on the caller -------------------------------- */
+
+struct ThreadProbe {
+  std::thread::id ran_on;
+};
+
+ph_status_t RecordThread(void* user_data, char*, size_t) {
+  static_cast<ThreadProbe*>(user_data)->ran_on = std::this_thread::get_id();
+  return PH_SUCCESS;
+}
+
+// The fake's promise behind ph_run_host_func's speed: on an idle stream the
+// task runs on the calling thread (no hand-off); on a busy one, on the
+// stream's worker after the queued work.
+TEST(RunHostFunc, RunsOnTheCallerWhenIdleAndOnTheWorkerWhenBusy) {
+  ph_stream_t stream = nullptr;
+  ASSERT_EQ(ph_stream_create(0, 0, &stream), PH_SUCCESS);
+  ThreadProbe idle;
+  const ph_host_task_t on_idle = {"idle", RecordThread, nullptr, &idle};
+  ASSERT_EQ(ph_run_host_func(stream, &on_idle), PH_SUCCESS);
+  EXPECT_EQ(idle.ran_on, std::this_thread::get_id());
+
+  std::atomic<bool> release_gate{false};
+  ph_host_task_t gate = {};
+  gate.name = "gate";
+  gate.user_data = &release_gate;
+  gate.run = [](void* flag, char*, size_t) {
+    while (!static_cast<std::atomic<bool>*>(flag)->load()) {
+      std::this_thread::yield();
+    }
+    return PH_SUCCESS;
+  };
+  ASSERT_EQ(ph_launch_host_func(stream, &gate), PH_SUCCESS);
+  std::thread opener([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    release_gate = true;
+  });
+  ThreadProbe busy;
+  const ph_host_task_t on_busy = {"busy", RecordThread, nullptr, &busy};
+  ASSERT_EQ(ph_run_host_func(stream, &on_busy), PH_SUCCESS);
+  opener.join();
+  EXPECT_NE(busy.ran_on, std::this_thread::get_id());
+  EXPECT_NE(busy.ran_on, std::thread::id());
+  EXPECT_EQ(ph_stream_destroy(stream), PH_SUCCESS);
 }
 
 /* ---- Process exit ------------------------------------------------------ */

@@ -230,6 +230,27 @@ TEST(Launch, AnExceptionInWaitedWorkIsRethrownAndTheStreamGoesOn) {
   EXPECT_TRUE(ran);
 }
 
+TEST(Launch, WaitedWorkLeavesTheCallersDeviceAndStreamAsTheyWere) {
+  // The driver may run waited work on the calling thread; the work makes
+  // its stream's device and the stream current, and must put back the
+  // caller's afterwards.
+  const c10::DeviceGuard device_guard(kPhantom0);
+  const auto caller_stream = phantom::getCurrentPhantomStream(0);
+  const auto other_device_stream = phantom::getCurrentPhantomStream(1);
+  const auto work_stream = phantom::getStreamFromPool(false, 1);
+  c10::DeviceIndex device_in_work = -1;
+  c10::StreamId stream_in_work = -1;
+  phantom::launchAndWait(work_stream, "look", [&] {
+    device_in_work = phantom::currentDevice();
+    stream_in_work = phantom::getCurrentPhantomStream(1).id();
+  });
+  EXPECT_EQ(device_in_work, 1);
+  EXPECT_EQ(stream_in_work, work_stream.id());
+  EXPECT_EQ(phantom::currentDevice(), 0);
+  EXPECT_EQ(phantom::getCurrentPhantomStream(0), caller_stream);
+  EXPECT_EQ(phantom::getCurrentPhantomStream(1), other_device_stream);
+}
+
 TEST(Allocator, IsTheDeviceAllocatorAndAccountsEveryByte) {
   c10::DeviceAllocator* allocator =
       c10::getDeviceAllocator(c10::DeviceType::PrivateUse1);

@@ -46,7 +46,7 @@ extern "C" {
 
 /* The ABI version of this header. The runtime refuses to load a driver
  * whose ph_abi_version() differs in the major part (version / 1000). */
-#define PH_HAL_ABI_VERSION 1000
+#define PH_HAL_ABI_VERSION 1001
 
 /* ------------------------------------------------------------------------ */
 /* Status codes                                                             */
@@ -239,6 +239,23 @@ typedef struct ph_host_task {
  * returned. On any error return, `release` has been called. */
 PH_API ph_status_t ph_launch_host_func(ph_stream_t stream,
                                        const ph_host_task_t* task);
+
+/* Runs `task` in `stream`'s order and returns once it has completed: what
+ * ph_launch_host_func followed by waiting for that one task would do (work
+ * other threads queue after it is not waited for). Returns PH_SUCCESS if
+ * the task ran and succeeded; otherwise the stream's sticky error (the
+ * task's own failure, or an earlier task's that made the stream skip it),
+ * with the message set. When the stream is idle the driver may run the
+ * task on the calling thread, as the fake driver does (no thread hand-off:
+ * this is what keeps a host-computed op that must wait for its result
+ * cheap), so `run` must not depend on the thread it runs on.
+ * PH_ERROR_INVALID_ARGUMENT when called from work running on `stream`
+ * itself (it would wait for itself). A driver without a cheaper way may
+ * implement it as launch + wait; one that cannot run host work at all
+ * returns PH_ERROR_UNIMPLEMENTED after releasing the task. On any error
+ * return, `release` has been called. Since ABI 1001. */
+PH_API ph_status_t ph_run_host_func(ph_stream_t stream,
+                                    const ph_host_task_t* task);
 
 /* ------------------------------------------------------------------------ */
 /* Copies                                                                   */
