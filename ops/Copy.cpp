@@ -18,6 +18,7 @@
 //                    device-to-device transfer after both devices' current
 //                    streams have finished their earlier work.
 #include <phantom/Exception.h>
+#include <phantom/FaultInjection.h>
 #include <phantom/HostAllocator.h>
 #include <phantom/Launch.h>
 #include <phantom/Stream.h>
@@ -186,6 +187,7 @@ at::Tensor copyFrom(const at::Tensor& src, const at::Tensor& dst,
   if (dst.numel() == 0) {
     return dst;
   }
+  faultHookCopy(src.device(), dst.device());  // injected latency, if set
   TORCH_CHECK(isPhantom(src) || src.device().is_cpu(),
               "cannot copy from ", src.device(), " to ", dst.device(),
               ": phantom copies to and from the CPU and phantom devices only");

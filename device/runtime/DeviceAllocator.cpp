@@ -2,6 +2,7 @@
 #include <phantom/DeviceAllocator.h>
 #include <phantom/Device.h>
 #include <phantom/Exception.h>
+#include <phantom/FaultInjection.h>
 #include <phantom/Launch.h>
 #include <phantom/Stream.h>
 
@@ -799,6 +800,7 @@ DeviceCachingAllocator& PhantomDeviceAllocator::forDevice(
 }
 
 c10::DataPtr PhantomDeviceAllocator::allocate(size_t nbytes) {
+  faultHookAllocation(nbytes);  // see phantom/FaultInjection.h
   const c10::DeviceIndex device = currentDevice();
   const c10::Device where(c10::DeviceType::PrivateUse1, device);
   if (nbytes == 0) {

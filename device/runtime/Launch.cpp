@@ -1,5 +1,6 @@
 // See phantom/Launch.h.
 #include <phantom/Exception.h>
+#include <phantom/FaultInjection.h>
 #include <phantom/Launch.h>
 
 #include <c10/util/Exception.h>
@@ -107,18 +108,33 @@ struct WaitedWork {
   }
 };
 
+// Queues `task`. A launch refused because earlier work failed reports
+// that failure (naming the failed work) through the stream's own sync,
+// which also resets the stream: the error is reported once, as when it is
+// found by a sync, and later work runs again. (From device work a host
+// sync is not allowed; the refusal is raised as it is.)
+void launchOrReport(const PhantomStream& stream, const ph_host_task_t& task) {
+  const ph_status_t status = ph_launch_host_func(stream.handle(), &task);
+  if (status == PH_ERROR_DEVICE && !inDeviceWork()) {
+    stream.synchronize();  // throws the sticky error and resets the stream
+  }
+  PHANTOM_CHECK(status);
+}
+
 }  // namespace
 
 void launchAsync(const PhantomStream& stream, const char* name,
                  std::function<void()> work) {
+  faultHookLaunch(stream, name, work, /*waited=*/false);
   auto* state = new AsyncWork{std::move(work), stream};
   const ph_host_task_t task{name, &AsyncWork::run, &AsyncWork::release, state};
   // On failure the driver has already released (deleted) the state.
-  PHANTOM_CHECK(ph_launch_host_func(stream.handle(), &task));
+  launchOrReport(stream, task);
 }
 
 void launchAndWait(const PhantomStream& stream, const char* name,
                    std::function<void()> work) {
+  faultHookLaunch(stream, name, work, /*waited=*/true);
   auto state = std::make_shared<WaitedWork>(stream);
   state->work = std::move(work);
   auto* handle = new std::shared_ptr<WaitedWork>(state);
@@ -128,9 +144,12 @@ void launchAndWait(const PhantomStream& stream, const char* name,
   // thread when the stream is idle.
   const ph_status_t status = ph_run_host_func(stream.handle(), &task);
   if (status != PH_SUCCESS) {
-    // The stream's sticky error (an earlier task's, or this one's): report
-    // it the way a sync does, which also resets the stream.
-    stream.synchronize();
+    // The stream's sticky error (an earlier task's, or this one's):
+    // reported the way a sync reports it, which also resets the stream
+    // (not from device work, where a host sync is not allowed).
+    if (!inDeviceWork()) {
+      stream.synchronize();
+    }
     PHANTOM_CHECK(status);
   }
   if (state->failure) {

@@ -7,6 +7,7 @@
 // release the GIL wherever they may wait for the device.
 #include <phantom/DeviceAllocator.h>
 #include <phantom/Device.h>
+#include <phantom/FaultInjection.h>
 #include <phantom/Generator.h>
 #include <phantom/HostAllocator.h>
 #include <phantom/ops/OpsReport.h>
@@ -203,6 +204,24 @@ PYBIND11_MODULE(_C, m) {
     return rows;
   });
   m.def("_reset_ops_report", [] { phantom::resetOpsReport(); });
+
+  // Fault injection (torch_phantom/faults.py).
+  m.def("_faults_check_environment", [] { phantom::checkFaultEnvironment(); });
+  m.def("_faults_fail_allocation",
+        [](int64_t k) { phantom::failAllocation(k); });
+  m.def("_faults_fail_kernel", [](int64_t k) { phantom::failKernel(k); });
+  m.def("_faults_set_latency_us",
+        [](int64_t us) { phantom::setFaultLatencyUs(us); });
+  m.def("_faults_reset", [] { phantom::resetFaults(); });
+  m.def("_faults_state", [] {
+    py::dict state;
+    state["allocation_count"] = phantom::faultAllocationCount();
+    state["kernel_count"] = phantom::faultKernelCount();
+    state["allocations_until_fault"] = phantom::allocationsUntilFault();
+    state["kernels_until_fault"] = phantom::kernelsUntilFault();
+    state["latency_us"] = phantom::faultLatencyUs();
+    return state;
+  });
 
   // Caching allocator (torch_phantom/memory.py).
   m.def("_check_allocator_settings", [] {

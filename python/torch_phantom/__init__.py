@@ -20,8 +20,9 @@ from ._name import BACKEND_NAME
 from . import _C  # noqa: F401  (loads libphantom: registers the backend)
 from . import device_module as _device_module
 from . import memory as _memory
+from . import faults  # noqa: F401  (also torch.phantom.faults)
 
-__all__ = ["BACKEND_NAME", "ops_report", "reset_ops_report"]
+__all__ = ["BACKEND_NAME", "faults", "ops_report", "reset_ops_report"]
 __version__ = "0.1.0"
 
 
@@ -40,6 +41,8 @@ _register()
 # A malformed PHANTOM_ALLOC_CONF is an error at start-up, not at the first
 # allocation deep inside a model.
 _memory._allocator_settings()
+# Likewise a malformed PHANTOM_FAULT_* knob (torch_phantom.faults).
+_C._faults_check_environment()
 
 
 def ops_report() -> list:

@@ -16,6 +16,7 @@ from typing import Any, Optional, Union
 import torch
 
 from . import _C
+from . import faults  # noqa: F401  (torch.phantom.faults)
 from ._name import BACKEND_NAME
 from .memory import (  # noqa: F401
     empty_cache,
