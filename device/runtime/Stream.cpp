@@ -66,6 +66,9 @@ int PhantomStream::priority() const {
 }
 
 ph_stream_t PhantomStream::handle() const {
+  if (C10_UNLIKELY(inBadFork())) {
+    throwBadFork();  // the driver stream's worker thread is not in this process
+  }
   DeviceStreams& streams = streamsOf(device_index());
   std::atomic<ph_stream_t>& slot = streams.handles[id()];
   ph_stream_t handle = slot.load(std::memory_order_acquire);
