@@ -58,7 +58,10 @@ PhantomStream::PhantomStream(c10::Stream stream) : stream_(stream) {
               "expected a phantom stream, got a stream of device type ",
               stream.device_type());
   TORCH_CHECK(stream.id() >= 0 && stream.id() < kStreamsPerDevice,
-              "invalid phantom stream id ", stream.id());
+              "invalid phantom stream id ", stream.id(), " (valid ids are 0..",
+              kStreamsPerDevice - 1, "); make streams with "
+              "torch.phantom.Stream() or torch.phantom.current_stream() "
+              "rather than from a stream id");
 }
 
 int PhantomStream::priority() const {
