@@ -113,6 +113,11 @@ static void raiseStreamError(ph_status_t status, const PhantomStream& stream,
   }
 }
 
+void PhantomStream::raiseError(ph_status_t status, ph_stream_t handle) const {
+  raiseStreamError(status, *this, handle);
+  TORCH_INTERNAL_ASSERT(false, "raiseStreamError returned");
+}
+
 bool PhantomStream::query() const {
   const ph_stream_t stream = handle();
   const ph_status_t status = ph_stream_query(stream);
