@@ -79,9 +79,10 @@ void copyHostToDevice(const at::Tensor& src, const at::Tensor& dst,
   if (sameDenseLayout(src, dst) && !src.is_conj() && !src.is_neg()) {
     // From pageable memory the call returns once the bytes have been read;
     // from pinned memory it returns at once.
-    PHANTOM_CHECK(ph_memcpy_async(dst.data_ptr(), src.const_data_ptr(),
-                                  byteSize(dst), PH_MEMCPY_HOST_TO_DEVICE,
-                                  stream.handle()));
+    const ph_stream_t handle = stream.handle();  // sticky errors: Stream.h
+    stream.check(ph_memcpy_async(dst.data_ptr(), src.const_data_ptr(),
+                                 byteSize(dst), PH_MEMCPY_HOST_TO_DEVICE, handle),
+                 handle);
     if (pinned) {
       finishPinnedTransfer(src, stream, non_blocking);
     }
@@ -100,9 +101,10 @@ void copyHostToDevice(const at::Tensor& src, const at::Tensor& dst,
             : at::empty_strided(target.sizes(), target.strides(),
                                 target.options().device(c10::kCPU));
   staged.copy_(src);
-  PHANTOM_CHECK(ph_memcpy_async(target.data_ptr(), staged.const_data_ptr(),
-                                byteSize(target), PH_MEMCPY_HOST_TO_DEVICE,
-                                stream.handle()));
+  const ph_stream_t handle = stream.handle();  // sticky errors: Stream.h
+  stream.check(ph_memcpy_async(target.data_ptr(), staged.const_data_ptr(),
+                               byteSize(target), PH_MEMCPY_HOST_TO_DEVICE, handle),
+               handle);
   if (async) {
     recordPinnedUse(staged.storage(), stream);
   }
@@ -135,9 +137,10 @@ void copyDeviceToHost(const at::Tensor& src, const at::Tensor& dst,
     dense = src_dense ? src : src.contiguous().resolve_conj().resolve_neg();
   }
   if (dst_dense && sameDenseLayout(dense, dst)) {
-    PHANTOM_CHECK(ph_memcpy_async(dst.data_ptr(), dense.const_data_ptr(),
-                                  byteSize(dst), PH_MEMCPY_DEVICE_TO_HOST,
-                                  stream.handle()));
+    const ph_stream_t handle = stream.handle();  // sticky errors: Stream.h
+    stream.check(ph_memcpy_async(dst.data_ptr(), dense.const_data_ptr(),
+                                 byteSize(dst), PH_MEMCPY_DEVICE_TO_HOST, handle),
+                 handle);
     if (pinned) {
       finishPinnedTransfer(dst, stream, non_blocking);
     }
@@ -146,9 +149,10 @@ void copyDeviceToHost(const at::Tensor& src, const at::Tensor& dst,
   at::Tensor staged = at::empty_strided(dense.sizes(), dense.strides(),
                                         dense.options().device(c10::kCPU));
   // Pageable destination: returns once the bytes have arrived.
-  PHANTOM_CHECK(ph_memcpy_async(staged.data_ptr(), dense.const_data_ptr(),
-                                byteSize(dense), PH_MEMCPY_DEVICE_TO_HOST,
-                                stream.handle()));
+  const ph_stream_t handle = stream.handle();  // sticky errors: Stream.h
+  stream.check(ph_memcpy_async(staged.data_ptr(), dense.const_data_ptr(),
+                               byteSize(dense), PH_MEMCPY_DEVICE_TO_HOST, handle),
+               handle);
   dst.copy_(staged);
 }
 

@@ -44,10 +44,12 @@ at::Scalar localScalarDense(const at::Tensor& self) {
   at::Tensor host = at::empty({}, self.options().device(c10::kCPU));
   // A copy into pageable memory returns when the value has arrived, after
   // the stream's earlier work.
-  PHANTOM_CHECK(ph_memcpy_async(
-      host.mutable_data_ptr(), self.const_data_ptr(), self.element_size(),
-      PH_MEMCPY_DEVICE_TO_HOST,
-      getCurrentPhantomStream(self.device().index()).handle()));
+  const PhantomStream stream = getCurrentPhantomStream(self.device().index());
+  const ph_stream_t handle = stream.handle();  // sticky errors: Stream.h
+  stream.check(ph_memcpy_async(host.mutable_data_ptr(), self.const_data_ptr(),
+                               self.element_size(), PH_MEMCPY_DEVICE_TO_HOST,
+                               handle),
+               handle);
   return at::_local_scalar_dense(host);
 }
 

@@ -22,24 +22,31 @@ namespace {
 
 // Makes `self` have `size` (and `stride`, or contiguous strides), growing
 // its storage if it is too small. Storage never shrinks, as in CPU/CUDA.
+// The storage grows before the sizes change, so a resize that fails (out
+// of memory) leaves the tensor as it was, not with sizes its storage cannot
+// hold (CPU's resize_ changes the sizes first).
 void resizeImpl(c10::TensorImpl* self, c10::IntArrayRef size,
                 at::OptionalIntArrayRef stride) {
   if (self->sizes() == size && (!stride || self->strides() == *stride)) {
     return;
   }
+  for (const int64_t dim : size) {
+    TORCH_CHECK(dim >= 0, "cannot resize a phantom tensor to size ", size,
+                ": dimension ", dim, " is negative; every size must be >= 0");
+  }
   const int64_t itemsize = static_cast<int64_t>(self->dtype().itemsize());
   const int64_t offset = self->storage_offset();
-  size_t needed = 0;
-  if (stride) {
-    self->set_sizes_and_strides(size, *stride);
-    needed = at::detail::computeStorageNbytes(size, *stride, itemsize, offset);
-  } else {
-    self->set_sizes_contiguous(size);
-    needed = at::detail::computeStorageNbytesContiguous(size, itemsize, offset);
-  }
+  const size_t needed =
+      stride ? at::detail::computeStorageNbytes(size, *stride, itemsize, offset)
+             : at::detail::computeStorageNbytesContiguous(size, itemsize, offset);
   const c10::Storage& storage = self->unsafe_storage();
   if (needed > storage.nbytes()) {
     resizeStorageBytes(storage.unsafeGetStorageImpl(), needed);
+  }
+  if (stride) {
+    self->set_sizes_and_strides(size, *stride);
+  } else {
+    self->set_sizes_contiguous(size);
   }
 }
 

@@ -4,10 +4,31 @@
 
 #include <c10/util/Exception.h>
 
+#include <pthread.h>
+
 #include <mutex>
 
 namespace phantom {
 namespace {
+
+// Set, in the child, by the pthread_atfork handler that the first real use
+// of the runtime registers (see Device.h). A plain bool: the child is single
+// threaded when the handler runs, and the flag never changes afterwards.
+bool in_bad_fork = false;
+
+void markChildAsBadFork() {
+  in_bad_fork = true;
+}
+
+// Registers the fork handler once, on the first use of the device (not at
+// import or for device_count(), so a process may still fork before it uses
+// phantom and use it in the children, as with CUDA).
+void registerForkHandlerOnce() {
+  static const bool registered = [] {
+    return pthread_atfork(nullptr, nullptr, &markChildAsBadFork) == 0;
+  }();
+  (void)registered;
+}
 
 struct DriverInfo {
   c10::DeviceIndex count = 0;
@@ -50,7 +71,25 @@ const std::string& driverStartupError() noexcept {
   return driverInfo().error;
 }
 
+bool inBadFork() noexcept {
+  return in_bad_fork;
+}
+
+void throwBadFork() {
+  TORCH_CHECK(false,
+              "cannot use the phantom device in a forked child process: the "
+              "parent had initialised it, and the device's worker threads do "
+              "not exist in the child (cannot re-initialize phantom in forked "
+              "subprocess). Use the 'spawn' or 'forkserver' start method "
+              "(torch.multiprocessing.set_start_method('spawn')), or do not "
+              "touch phantom in the child (e.g. DataLoader workers should load "
+              "CPU tensors; move them to phantom in the main process)");
+}
+
 c10::DeviceIndex deviceCountOrThrow() {
+  if (C10_UNLIKELY(in_bad_fork)) {
+    throwBadFork();
+  }
   const DriverInfo& info = driverInfo();
   if (C10_UNLIKELY(!info.error.empty() || info.count == 0)) {
     throw c10::AcceleratorError(
@@ -60,6 +99,7 @@ c10::DeviceIndex deviceCountOrThrow() {
             ? std::string("no phantom devices: PHANTOM_DEVICE_COUNT is 0")
             : "phantom driver failed to start: " + info.error);
   }
+  registerForkHandlerOnce();
   return info.count;
 }
 

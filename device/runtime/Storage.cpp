@@ -7,6 +7,8 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <string>
 
 namespace phantom {
 
@@ -17,6 +19,13 @@ void resizeStorageBytes(c10::StorageImpl* storage, size_t nbytes) {
   c10::Allocator* allocator = storage->allocator();
   TORCH_CHECK(allocator != nullptr,
               "cannot resize a phantom storage that has no allocator");
+  // Python's storage.resize_(-1) arrives here as a huge size_t.
+  TORCH_CHECK(nbytes <= static_cast<size_t>(PTRDIFF_MAX),
+              "cannot resize a phantom storage to ",
+              static_cast<int64_t>(nbytes) < 0
+                  ? std::to_string(static_cast<int64_t>(nbytes))
+                  : std::to_string(nbytes),
+              " bytes: the size must be between 0 and ", PTRDIFF_MAX);
   const c10::Device device = storage->device();
   c10::DeviceGuard guard(device);
   c10::DataPtr fresh = allocator->allocate(nbytes);

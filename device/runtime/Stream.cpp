@@ -58,7 +58,10 @@ PhantomStream::PhantomStream(c10::Stream stream) : stream_(stream) {
               "expected a phantom stream, got a stream of device type ",
               stream.device_type());
   TORCH_CHECK(stream.id() >= 0 && stream.id() < kStreamsPerDevice,
-              "invalid phantom stream id ", stream.id());
+              "invalid phantom stream id ", stream.id(), " (valid ids are 0..",
+              kStreamsPerDevice - 1, "); make streams with "
+              "torch.phantom.Stream() or torch.phantom.current_stream() "
+              "rather than from a stream id");
 }
 
 int PhantomStream::priority() const {
@@ -66,6 +69,9 @@ int PhantomStream::priority() const {
 }
 
 ph_stream_t PhantomStream::handle() const {
+  if (C10_UNLIKELY(inBadFork())) {
+    throwBadFork();  // the driver stream's worker thread is not in this process
+  }
   DeviceStreams& streams = streamsOf(device_index());
   std::atomic<ph_stream_t>& slot = streams.handles[id()];
   ph_stream_t handle = slot.load(std::memory_order_acquire);
@@ -105,6 +111,11 @@ static void raiseStreamError(ph_status_t status, const PhantomStream& stream,
     }
     throw;
   }
+}
+
+void PhantomStream::raiseError(ph_status_t status, ph_stream_t handle) const {
+  raiseStreamError(status, *this, handle);
+  TORCH_INTERNAL_ASSERT(false, "raiseStreamError returned");
 }
 
 bool PhantomStream::query() const {

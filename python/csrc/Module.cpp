@@ -171,12 +171,19 @@ PYBIND11_MODULE(_C, m) {
     return phantom::deviceAllocator().getMemoryInfo(d);
   });
 
+  // First use of the device: checks that the driver started and registers
+  // the runtime's fork handler (phantom/Device.h).
+  m.def("_init_runtime", [] { phantom::deviceCountOrThrow(); });
+  m.def("_raise_bad_fork", [] { phantom::throwBadFork(); });
   m.def("_register_fork_handler", [] {
     torch::utils::register_fork_handler_for_device_init(
         c10::DeviceType::PrivateUse1);
   });
+  // The runtime's own flag (set by its pthread_atfork handler, see
+  // phantom/Device.h) or torch's, set by the handler above.
   m.def("_is_in_bad_fork", [] {
-    return torch::utils::is_device_in_bad_fork(c10::DeviceType::PrivateUse1);
+    return phantom::inBadFork() ||
+           torch::utils::is_device_in_bad_fork(c10::DeviceType::PrivateUse1);
   });
 
   // Pinned host memory (torch_phantom/memory.py).

@@ -45,6 +45,24 @@ _memory._allocator_settings()
 _C._faults_check_environment()
 
 
+def _check_switches() -> None:
+    """The on/off settings take 0 or 1. Anything else ("true", "yes", a
+    typo) would silently mean off, so it is an error at start-up, as a
+    malformed PHANTOM_ALLOC_CONF is."""
+    import os
+
+    for name in ("PHANTOM_SYNC_GENERIC", "PHANTOM_OPS_REPORT"):
+        value = os.environ.get(name)
+        if value not in (None, "", "0", "1"):
+            raise ValueError(
+                f"{name}={value!r} is not 0 or 1; set {name}=1 to turn it "
+                f"on, or unset it"
+            )
+
+
+_check_switches()
+
+
 def ops_report() -> list:
     """How often each op ran on phantom's generic path, and how: a list of
     dicts ``{"op", "async", "sync", "sync_reason"}``, most called first.

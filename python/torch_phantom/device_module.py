@@ -71,6 +71,9 @@ def device_count() -> int:
 
 
 def _is_in_bad_fork() -> bool:
+    """True in a child process forked after this process had initialised
+    phantom (as ``torch.cuda._is_in_bad_fork``); such a child cannot use the
+    device."""
     return _C._is_in_bad_fork()
 
 
@@ -86,14 +89,11 @@ def _lazy_init() -> None:
         if is_initialized():
             return
         if _is_in_bad_fork():
-            raise RuntimeError(
-                "cannot use the phantom device in a forked child process after "
-                "the parent initialised it; use the 'spawn' start method "
-                "(multiprocessing.set_start_method('spawn'))"
-            )
+            _C._raise_bad_fork()  # the runtime's message (phantom/Device.h)
         if _C._device_count() == 0:
             reason = _C._driver_error() or "PHANTOM_DEVICE_COUNT is 0"
             raise RuntimeError(f"no phantom device is available: {reason}")
+        _C._init_runtime()  # registers the runtime's own fork handler
         _C._register_fork_handler()
         _initialized = True
 

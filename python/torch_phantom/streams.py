@@ -277,22 +277,25 @@ class Event(torch.Event):
                     f"elapsed_time: {name} has not been recorded; call "
                     "record() on both events first"
                 )
+        if end_event.device != self.device:
+            raise RuntimeError(
+                f"elapsed_time: the events were recorded on different devices "
+                f"({self.device} and {end_event.device}); record both on "
+                "streams of the same device"
+            )
         for name, event in (("this event", self), ("end_event", end_event)):
             if not event.query():
                 raise RuntimeError(
                     f"elapsed_time: {name} has been recorded but its work has "
-                    "not completed yet; call end_event.synchronize() first"
+                    "not completed yet; call synchronize() on it first "
+                    "(end_event.synchronize() is enough when both are on one "
+                    "stream)"
                 )
         if type(end_event) is torch.Event:
             try:
                 return super().elapsed_time(end_event)
             except ValueError as error:  # torch.Event's own checks
                 raise RuntimeError(f"elapsed_time: {error}") from error
-        if end_event.device != self.device:
-            raise RuntimeError(
-                f"elapsed_time: the events were recorded on different devices "
-                f"({self.device} and {end_event.device})"
-            )
         # torch.Event.elapsed_time refuses an end event whose type is a
         # subclass (it checks the exact type); _C makes the same call.
         return _C._event_elapsed_time(

@@ -5,6 +5,15 @@
 // counts as zero devices, and the driver's reason is kept so that every
 // attempt to use the device raises it instead of a vague "no device".
 // The current device is per thread, as in CUDA, and is kept by the driver.
+//
+// Fork: the fake driver runs each stream on a worker thread, and a forked
+// child has none of its parent's threads, so a child that used the device
+// its parent had initialised would wait forever. As CUDA does ("Cannot
+// re-initialize CUDA in forked subprocess"), the first use of the device
+// (deviceCountOrThrow, which every device access goes through) registers a
+// pthread_atfork child handler that marks the child as a bad fork; from
+// then on deviceCountOrThrow and PhantomStream::handle raise a clear error
+// in the child. device_count() and is_available() keep working there.
 #pragma once
 
 #include <c10/core/Device.h>
@@ -21,6 +30,11 @@ const std::string& driverStartupError() noexcept;
 
 // Number of devices; throws with the driver's reason when there are none.
 c10::DeviceIndex deviceCountOrThrow();
+
+// True in a child forked after this process first used the device.
+bool inBadFork() noexcept;
+// Raises the error a bad-fork child gets when it touches the device.
+[[noreturn]] void throwBadFork();
 
 // Throws a clear error unless 0 <= index < deviceCount().
 void checkDeviceIndex(c10::DeviceIndex index);

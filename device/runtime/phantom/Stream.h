@@ -18,6 +18,7 @@
 #include <phantom/hal.h>
 
 #include <c10/core/Stream.h>
+#include <c10/macros/Macros.h>
 
 #include <cstdint>
 #include <ostream>
@@ -48,6 +49,18 @@ class PhantomStream {
   // work, if any (then the stream is reset, see above).
   void synchronize() const;
 
+  // Raises `status`, returned by a driver call that queued work on
+  // `handle` (this stream's driver stream). A PH_ERROR_DEVICE there is the
+  // stream's sticky error, now reported, so the stream is reset as query()
+  // and synchronize() do; without that the next sync would report the
+  // same failure again. Use: `const ph_stream_t h = s.handle();
+  // s.check(ph_memcpy_async(..., h), h);`
+  void check(ph_status_t status, ph_stream_t handle) const {
+    if (C10_UNLIKELY(status != PH_SUCCESS)) {
+      raiseError(status, handle);
+    }
+  }
+
   bool operator==(const PhantomStream& other) const {
     return stream_ == other.stream_;
   }
@@ -56,6 +69,8 @@ class PhantomStream {
   }
 
  private:
+  [[noreturn]] void raiseError(ph_status_t status, ph_stream_t handle) const;
+
   c10::Stream stream_;
 };
 
