@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
@@ -806,6 +807,14 @@ c10::DataPtr PhantomDeviceAllocator::allocate(size_t nbytes) {
   if (nbytes == 0) {
     return {nullptr, nullptr, &deleteBlock, where};
   }
+  // Beyond PTRDIFF_MAX the rounding below would wrap around to a small
+  // block; such a size is a negative one converted to unsigned.
+  TORCH_CHECK_WITH(OutOfMemoryError,
+                   nbytes <= static_cast<size_t>(PTRDIFF_MAX),
+                   "phantom: cannot allocate ", nbytes,
+                   " bytes: the size is larger than any device can hold (a "
+                   "negative size converted to unsigned?); check the sizes "
+                   "passed to the tensor or storage");
   DeviceCachingAllocator& allocator = forDevice(device);
   Block* block = allocator.malloc(nbytes, currentPhantomStreamId(device));
   return {block->ptr, block, &deleteBlock, where};

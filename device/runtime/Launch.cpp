@@ -108,19 +108,6 @@ struct WaitedWork {
   }
 };
 
-// Queues `task`. A launch refused because earlier work failed reports
-// that failure (naming the failed work) through the stream's own sync,
-// which also resets the stream: the error is reported once, as when it is
-// found by a sync, and later work runs again. (From device work a host
-// sync is not allowed; the refusal is raised as it is.)
-void launchOrReport(const PhantomStream& stream, const ph_host_task_t& task) {
-  const ph_status_t status = ph_launch_host_func(stream.handle(), &task);
-  if (status == PH_ERROR_DEVICE && !inDeviceWork()) {
-    stream.synchronize();  // throws the sticky error and resets the stream
-  }
-  PHANTOM_CHECK(status);
-}
-
 }  // namespace
 
 void launchAsync(const PhantomStream& stream, const char* name,
@@ -128,8 +115,11 @@ void launchAsync(const PhantomStream& stream, const char* name,
   faultHookLaunch(stream, name, work, /*waited=*/false);
   auto* state = new AsyncWork{std::move(work), stream};
   const ph_host_task_t task{name, &AsyncWork::run, &AsyncWork::release, state};
-  // On failure the driver has already released (deleted) the state.
-  launchOrReport(stream, task);
+  // On failure the driver has already released (deleted) the state. A
+  // refusal for earlier failed work reports that failure once and resets
+  // the stream (PhantomStream::check).
+  const ph_stream_t driver_stream = stream.handle();
+  stream.check(ph_launch_host_func(driver_stream, &task), driver_stream);
 }
 
 void launchAndWait(const PhantomStream& stream, const char* name,
@@ -140,18 +130,11 @@ void launchAndWait(const PhantomStream& stream, const char* name,
   auto* handle = new std::shared_ptr<WaitedWork>(state);
   const ph_host_task_t task{name, &WaitedWork::run, &WaitedWork::release,
                             handle};
-  // Runs in stream order and returns when done; the fake runs it on this
-  // thread when the stream is idle.
-  const ph_status_t status = ph_run_host_func(stream.handle(), &task);
-  if (status != PH_SUCCESS) {
-    // The stream's sticky error (an earlier task's, or this one's):
-    // reported the way a sync reports it, which also resets the stream
-    // (not from device work, where a host sync is not allowed).
-    if (!inDeviceWork()) {
-      stream.synchronize();
-    }
-    PHANTOM_CHECK(status);
-  }
+  // Runs in stream order and returns when done (the fake runs it on this
+  // thread when the stream is idle). The stream's sticky error, an earlier
+  // task's or this one's, is reported once, as a sync reports it.
+  const ph_stream_t driver_stream = stream.handle();
+  stream.check(ph_run_host_func(driver_stream, &task), driver_stream);
   if (state->failure) {
     std::rethrow_exception(state->failure);
   }

@@ -32,8 +32,10 @@ void resizeStorageBytes(c10::StorageImpl* storage, size_t nbytes) {
   const size_t keep = std::min(nbytes, storage->nbytes());
   if (keep > 0 && storage->data() != nullptr) {
     const PhantomStream stream = getCurrentPhantomStream(device.index());
-    PHANTOM_CHECK(ph_memcpy_async(fresh.get(), storage->data(), keep,
-                                  PH_MEMCPY_DEVICE_TO_DEVICE, stream.handle()));
+    const ph_stream_t handle = stream.handle();  // sticky errors: Stream.h
+    stream.check(ph_memcpy_async(fresh.get(), storage->data(), keep,
+                                 PH_MEMCPY_DEVICE_TO_DEVICE, handle),
+                 handle);
   }
   storage->set_data_ptr_noswap(std::move(fresh));
   storage->set_nbytes(nbytes);

@@ -79,10 +79,6 @@ def test_the_kth_kernel_fails_naming_the_op_reported_once():
     torch.testing.assert_close(x.clone().cpu(), torch.arange(6.0))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "known bug: a copy (ph_memcpy_async in ops/Copy.cpp, ops/Scalars.cpp) that "
-    "finds a sticky error raises it without resetting the stream, so the next "
-    "sync raises it a second time; see docs/fault-injection.md"))
 def test_a_failed_kernel_found_by_a_copy_is_reported_once():
     x = torch.arange(6.0, device="phantom")
     torch.phantom.synchronize()

@@ -411,21 +411,12 @@ def test_misuse(case):
     assert_process_usable(allocated)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "PhantomDeviceAllocator::allocate (device/runtime/DeviceAllocator.cpp) "
-    "rounds a size near SIZE_MAX up to 0 and hands out a small block for it; "
-    "it should refuse sizes above PTRDIFF_MAX. Remove this mark once fixed."))
 def test_storage_of_negative_size():
     raised, message = _outcome(lambda: torch.UntypedStorage(-1, device="phantom"))
     assert raised is not None and issubclass(raised, RuntimeError), message
     assert "size" in message
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "launchAsync/launchAndWait (device/runtime/Launch.cpp) raise the sticky "
-    "error a launch onto a failed stream returns without resetting the "
-    "stream, so the next sync reports the same failure again; they should "
-    "use PhantomStream::check as ops/Copy.cpp does. Remove this mark once fixed."))
 def test_a_failure_refused_at_launch_is_reported_once():
     x = torch.randn(5, device="phantom")
     failing = P.current_stream()
