@@ -36,7 +36,7 @@ echo "== HAL fuzzer: ${args[*]}"
 status=0
 "$build/tests/fuzz/phantom_hal_fuzzer" "${args[@]}" \
   "$work/corpus" tests/fuzz/corpus >"$work/log" 2>&1 || status=$?
-grep -E '^(#[0-9]+ +(INITED|DONE)|stat::(number_of_executed_units|peak_rss_mb)|Done )' \
+grep -E '^(#[0-9]+[[:space:]]+(INITED|DONE)|stat::(number_of_executed_units|peak_rss_mb)|Done )' \
   "$work/log" || true
 if [ "$status" -ne 0 ]; then
   tail -n 60 "$work/log"
