@@ -28,7 +28,11 @@ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   "-DCMAKE_SHARED_LINKER_FLAGS=$flags" "-DCMAKE_MODULE_LINKER_FLAGS=$flags" >/dev/null
 cmake --build "$build"
 
-export LD_PRELOAD="$(gcc -print-file-name=libasan.so)"
+# libstdc++ is preloaded too: python3 does not link it, and ASan resolves
+# its __cxa_throw interceptor at start-up; without libstdc++ loaded by then,
+# the first C++ exception (any RuntimeError raised from C++) aborts with
+# "CHECK failed: ... real___cxa_throw != 0".
+export LD_PRELOAD="$(gcc -print-file-name=libasan.so):$(gcc -print-file-name=libstdc++.so)"
 export ASAN_OPTIONS=detect_leaks=0:halt_on_error=1:abort_on_error=1:detect_stack_use_after_return=0
 export PYTHONMALLOC=malloc
 export PYTHONPATH="$build/python${PYTHONPATH:+:$PYTHONPATH}"
