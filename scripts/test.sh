@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every test, from a fresh machine: install, build the package and the
 # GoogleTest suites, run ctest (HAL conformance, fake driver, runtime), the
-# driver suites again under ASan+UBSan and TSan, and pytest (user-facing
+# driver suites again under ASan+UBSan and TSan, the runtime suite under
+# ASan+UBSan, the HAL fuzzer for a minute, and pytest (user-facing
 # behaviour). Exits non-zero if any test fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,6 +16,7 @@ cmake --build build/tests
 status=0
 (cd build/tests && ctest --output-on-failure -j2) || status=1
 bash scripts/test_sanitizers.sh || status=1
+bash scripts/test_fuzz.sh || status=1
 # Run from the tests folder so the installed package, not the source tree,
 # is what gets imported.
 (cd tests/python && python3 -m pytest -q -p no:cacheprovider .) || status=1

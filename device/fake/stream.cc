@@ -87,14 +87,14 @@ void Stream::Execute(Task task, std::unique_lock<std::mutex>& lock) {
     sticky_status_ = AsTaskError(status);
     sticky_message_ = std::move(message);
   }
+  // Counting the task complete and its on_complete (an event becoming
+  // reached) happen under one hold of the lock: a synchronize woken by
+  // the count then finds the event reached, and whoever sees the event
+  // reached then finds the stream's count up to date.
   ++completed_;
+  if (on_complete) on_complete();
   if (!wait_targets_.empty() && *wait_targets_.begin() <= completed_) {
     task_completed_.notify_all();
-  }
-  if (on_complete) {
-    lock.unlock();
-    on_complete();
-    lock.lock();
   }
 }
 

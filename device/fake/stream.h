@@ -66,8 +66,10 @@ struct Task {
   std::function<void()> release;
   // Event markers run even on a sticky stream so waiters are released.
   bool runs_when_sticky = false;
-  // Called after the task counts as completed (outside the stream lock):
-  // an event is reached only once the stream's query also says so.
+  // Called as the task counts as completed, under the stream lock (so it
+  // must be quick and must not call back into the stream): an event is
+  // reached exactly when the stream's query and synchronize say the marker
+  // finished. Lock order: stream, then the event record's mutex.
   std::function<void()> on_complete;
 };
 

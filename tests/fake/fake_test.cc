@@ -353,6 +353,31 @@ TEST(ExitDeathTest, ExitWithLiveBusyStreamsDoesNotHang) {
   EXPECT_EXIT(ExitWithBusyStreams(), ::testing::ExitedWithCode(0), "");
 }
 
+/* ---- Regressions found by the HAL fuzzer (tests/fuzz) ------------------ */
+
+// ph_stream_synchronize waits for all queued work, and an event record is
+// queued work: once it returns, the event must query as reached. The worker
+// used to count the marker complete (waking the synchronize) before marking
+// the event reached, so a query right after could say PH_NOT_READY.
+TEST(FuzzRegression, EventIsReachedOnceItsStreamIsSynchronized) {
+  ph_stream_t stream = nullptr;
+  ph_event_t event = nullptr;
+  ASSERT_PH_OK(ph_stream_create(0, 0, &stream));
+  ASSERT_PH_OK(ph_event_create(PH_EVENT_DEFAULT, &event));
+  int not_ready = 0;
+  for (int i = 0; i < 2000; ++i) {
+    ASSERT_PH_OK(ph_event_record(event, stream));
+    ASSERT_PH_OK(ph_stream_synchronize(stream));
+    not_ready += ph_event_query(event) == PH_NOT_READY;
+    ASSERT_PH_OK(ph_event_record(event, stream));
+    ASSERT_PH_OK(ph_device_synchronize(0));
+    not_ready += ph_event_query(event) == PH_NOT_READY;
+  }
+  EXPECT_EQ(not_ready, 0) << "queries that said PH_NOT_READY after a sync";
+  ASSERT_PH_OK(ph_event_destroy(event));
+  ASSERT_PH_OK(ph_stream_destroy(stream));
+}
+
 }  // namespace
 }  // namespace phantom::fake
 
