@@ -14,6 +14,12 @@ The result of a case is the median per-call time of each device and the
 ratio phantom/CPU (lower is better; 1.0 = as fast as the CPU, which runs
 the very same kernels without a device in between).
 
+A last part, "breakdown", times the layers of one small op on phantom
+(torch.add on 1,000 floats: CPU op, Meta kernel, allocation, idle sync,
+host side only, queue drain, round trip, PHANTOM_SYNC_GENERIC=1 in a child
+process), best of R samples in ns per op; docs/performance.md uses it with
+a perf profile for "Where the time goes".
+
 Copies (benchmark 5) reuse bench_copies.py: bandwidth against a one-thread
 memcpy, so there the ratio is phantom bandwidth / memcpy bandwidth (higher
 is better).
@@ -379,7 +385,7 @@ def bench_breakdown(args, results):
         ("torch.add on phantom, sync after each op", best_ns(round_trip)),
     ]
     host, drain = min(host_then_drain() for _ in range(args.reps))
-    rows.insert(5, ("torch.add on phantom, host side only (queued)", host))
+    rows.insert(5, ("torch.add on phantom, until each call returns", host))
     rows.insert(6, ("  then draining the queue, per op", drain))
     env = dict(os.environ, PHANTOM_SYNC_GENERIC="1")
     try:
@@ -437,6 +443,9 @@ def machine():
         "phantom_commit": commit,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "load_average_at_start": os.getloadavg(),
+        "env": {k: os.environ[k] for k in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS",
+                                           "PHANTOM_SYNC_GENERIC", "PHANTOM_ALLOC_CONF")
+                if k in os.environ},
     }
 
 

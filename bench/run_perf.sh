@@ -14,7 +14,12 @@ if ! python3 -c 'import torch_phantom' 2>/dev/null; then
   echo "  && PYTHONPATH=build/python bash bench/run_perf.sh" >&2
   exit 1
 fi
-echo "load: $(uptime)"
+# OpenMP threads that spin at barriers turn a loaded machine's scheduler
+# delays into 20 ms per parallel region (seen at load 10 on 2 cores: a
+# 10^6-element add took 20 ms instead of 0.3 ms on the CPU); passive waiting
+# measures the code, not the scheduler. Same setting for both devices.
+export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
+echo "load: $(uptime); OMP_WAIT_POLICY=$OMP_WAIT_POLICY"
 out=bench/results/perf.json
 for a in "$@"; do
   # A quick or partial run must not overwrite the saved full results.
