@@ -141,9 +141,9 @@ def fmt_time(seconds):
     return f"{seconds / 1e-9:.3g} ns"
 
 
-def header(title):
+def header(title, baseline="cpu"):
     print(f"\n== {title}")
-    print(f"  {'case':<34} {'phantom':>10} {'cpu':>10} {'ratio':>7}")
+    print(f"  {'case':<34} {'phantom':>10} {baseline:>10} {'ratio':>7}")
 
 
 # --- 1. small-op latency ------------------------------------------------------
@@ -180,8 +180,9 @@ def bench_small_ops(args, results):
 
 
 def bench_scaling(args, results):
-    """One elementwise op, one reduction and one matmul, from 10^2 to 10^8
-    elements (matmul: square matrices of that many elements, to 10^7)."""
+    """One elementwise op (with a fresh output, and into a preallocated
+    one), one reduction and one matmul, from 10^2 to 10^8 elements (matmul:
+    square matrices of that many elements, to 10^7)."""
     top = 6 if args.quick else 8
     sizes = [10**e for e in range(2, top + 1)]
     header("2. scaling: phantom/CPU ratio against size (time per op)")
@@ -193,6 +194,19 @@ def bench_scaling(args, results):
             return lambda: torch.add(a, b)
         record(results, "scaling", f"add {n:.0e}", make, args, size=n,
                extra={"op": "add"})
+
+    # The same add into a preallocated output: the kernel without the
+    # allocation. Above glibc's mmap threshold (32 MiB) every fresh CPU
+    # output is new pages from the kernel, faulted in and zeroed; phantom's
+    # caching allocator hands back the block it just freed.
+    for n in sizes:
+        def make(device, n=n):
+            a = torch.rand(n, device=device)
+            b = torch.rand(n, device=device)
+            out = torch.empty(n, device=device)
+            return lambda: torch.add(a, b, out=out)
+        record(results, "scaling", f"add out= {n:.0e}", make, args, size=n,
+               extra={"op": "add (out=)"})
 
     for n in sizes:
         def make(device, n=n):
@@ -284,8 +298,8 @@ def bench_copies_(args, results):
     sizes = [1, 16] if args.quick else [1, 16, 256]
     cases = ["memcpy", "h2d_pinned", "d2h_pinned", "h2d_pageable",
              "d2h_pageable", "d2d"]
-    header("5. copies: bandwidth against memcpy (ratio = phantom GB/s / memcpy GB/s)")
-    print(f"  {'case':<34} {'phantom':>10} {'memcpy':>10} {'ratio':>7}")
+    header("5. copies: bandwidth against memcpy (ratio = phantom GB/s / memcpy GB/s)",
+           baseline="memcpy")
     for mib in sizes:
         nbytes = mib * bench_copies.MiB
         inner, samples = bench_copies.bench_size(
