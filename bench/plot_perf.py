@@ -6,6 +6,7 @@ docs/img/:
   perf_training.png  time per training step, phantom and CPU bars per model
 
     python bench/plot_perf.py [--results bench/results/perf.json]
+    python bench/plot_perf.py --markdown     # the tables of docs/performance.md
 """
 
 import argparse
@@ -80,12 +81,66 @@ def plot_training(data, out):
     return True
 
 
+def fmt(seconds):
+    for unit, scale in (("s", 1), ("ms", 1e-3), ("µs", 1e-6)):
+        if seconds >= scale:
+            return f"{seconds / scale:.3g} {unit}"
+    return f"{seconds * 1e9:.3g} ns"
+
+
+def markdown(data):
+    """The results as markdown tables, one per benchmark."""
+    m = data["machine"]
+    print(f"Taken on {m['cpu_model']} ({m['cpu_count']} cores, torch {m['torch']}, "
+          f"{m['torch_threads']} threads), phantom commit `{m['phantom_commit'][:12]}`, "
+          f"{m['date']}, load average {m['load_average_at_start'][0]:.1f} at start and "
+          f"{m['load_average_at_end'][0]:.1f} at end, env {m.get('env', {})}, "
+          f"medians of {data['reps']} interleaved rounds.\n")
+    rows = data["results"]
+    for bench in ("small_ops", "scaling", "large_ops", "training"):
+        part = [r for r in rows if r["benchmark"] == bench]
+        if not part:
+            continue
+        print(f"| {bench} | phantom | CPU | phantom/CPU | target |")
+        print("|---|---:|---:|---:|---|")
+        for r in part:
+            target = r.get("target") or "(not judged)"
+            met = "" if "met" not in r else (" met" if r["met"] else " **not met**")
+            print(f"| {r['case']} | {fmt(r['phantom_s'])} | {fmt(r['cpu_s'])} | "
+                  f"{r['ratio']:.2f} | {target}{met} |")
+        print()
+    part = [r for r in rows if r["benchmark"] == "copies"]
+    if part:
+        print("| copy | phantom GB/s | memcpy GB/s | phantom/memcpy | target |")
+        print("|---|---:|---:|---:|---|")
+        for r in part:
+            print(f"| {r['case']} | {r['phantom_gb_s']:.2f} | {r['memcpy_gb_s']:.2f} | "
+                  f"{r['ratio']:.2f} | {r['target']}{' met' if r['met'] else ' **not met**'} |")
+        print()
+    part = [r for r in rows if r["benchmark"] == "breakdown"]
+    if part:
+        print("| one torch.add, 1,000 floats | ns per op (best) |")
+        print("|---|---:|")
+        for r in part:
+            print(f"| {r['case'].strip()} | {r['ns_per_op']:.0f} |")
+        print()
+    print("| benchmark | target | median ratio | cases met |")
+    print("|---|---|---:|---:|")
+    for bench, e in data["summary"].items():
+        print(f"| {bench} | {e['target']} | {e['median_ratio']:.2f} | {e['met']}/{e['total']} |")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--results", default=str(ROOT / "bench/results/perf.json"))
     parser.add_argument("--outdir", default=str(ROOT / "docs/img"))
+    parser.add_argument("--markdown", action="store_true",
+                        help="print the results as markdown tables instead of plotting")
     args = parser.parse_args(argv)
     data = json.loads(pathlib.Path(args.results).read_text())
+    if args.markdown:
+        markdown(data)
+        return
     outdir = pathlib.Path(args.outdir)
     outdir.mkdir(parents=True, exist_ok=True)
     for name, plot in (("perf_scaling.png", plot_scaling),
