@@ -400,14 +400,18 @@ def bench_breakdown(args, results):
     host, drain = min(host_then_drain() for _ in range(args.reps))
     rows.insert(5, ("torch.add on phantom, until each call returns", host))
     rows.insert(6, ("  then draining the queue, per op", drain))
-    env = dict(os.environ, PHANTOM_SYNC_GENERIC="1")
-    try:
-        out = subprocess.run([sys.executable, "-c", _BREAKDOWN_CHILD, str(n // 4)],
-                             env=env, capture_output=True, text=True, timeout=300)
-        rows.append(("torch.add on phantom, PHANTOM_SYNC_GENERIC=1",
-                     json.loads(out.stdout.strip().splitlines()[-1]) * 1e9))
-    except (subprocess.SubprocessError, ValueError, IndexError) as error:
-        print(f"  (PHANTOM_SYNC_GENERIC=1 child failed: {error})")
+    # The env var is read once per process: compare the two settings in
+    # fresh child processes of their own (a long-running process that has
+    # run other benchmarks is itself slower per op).
+    for value in ("0", "1"):
+        env = dict(os.environ, PHANTOM_SYNC_GENERIC=value)
+        try:
+            out = subprocess.run([sys.executable, "-c", _BREAKDOWN_CHILD, str(n // 4)],
+                                 env=env, capture_output=True, text=True, timeout=300)
+            rows.append((f"torch.add on phantom, fresh process, PHANTOM_SYNC_GENERIC={value}",
+                         json.loads(out.stdout.strip().splitlines()[-1]) * 1e9))
+        except (subprocess.SubprocessError, ValueError, IndexError) as error:
+            print(f"  (PHANTOM_SYNC_GENERIC={value} child failed: {error})")
     for name, ns in rows:
         print(f"  {name:<56} {ns:9.0f} ns")
         results.append({"benchmark": "breakdown", "case": name, "ns_per_op": ns,
@@ -485,6 +489,25 @@ def judge(results):
     return summary
 
 
+def loop_chain(seconds):
+    """Benchmark 1's chain on phantom, in a loop, for a profiler to attach."""
+    x0 = torch.rand(1000, device=PHANTOM)
+    y = torch.rand(1000, device=PHANTOM)
+
+    def chain(ops):
+        x = x0
+        for _ in range(ops // 4):
+            x = torch.relu(torch.sub(torch.mul(torch.add(x, y), 0.5), y))
+        torch.phantom.synchronize()
+    chain(400)  # warm-up
+    print(f"pid {os.getpid()}: running the chain for {seconds:g} s", flush=True)
+    ops, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        chain(4000)
+        ops += 4000
+    print(f"{(time.perf_counter() - start) / ops * 1e9:.0f} ns per op over {ops} ops")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true",
@@ -496,7 +519,12 @@ def main(argv=None):
     parser.add_argument("--min-sample-ms", type=float,
                         help="minimum duration of one sample (default 20, 5 with --quick)")
     parser.add_argument("--out", help="write the results as JSON here")
+    parser.add_argument("--loop-chain", type=float, metavar="SECONDS",
+                        help="only run benchmark 1's chain on phantom for SECONDS, "
+                        "printing the pid first: a target for perf record -p")
     args = parser.parse_args(argv)
+    if args.loop_chain is not None:
+        return loop_chain(args.loop_chain)
     if args.reps is None:
         args.reps = 3 if args.quick else 5
     if args.min_sample_ms is None:
