@@ -77,6 +77,21 @@ def sync(device):
         torch.phantom.synchronize()
 
 
+def generic_path_calls(run):
+    """Runs `run` once on phantom and counts its calls on the generic path
+    by half (torch_phantom.ops_report()): shows whether ops were only
+    queued (async) or made the host wait (sync). A first, uncounted run
+    warms up (an optimizer creates its state on its first step)."""
+    run()
+    torch.phantom.synchronize()
+    torch_phantom.reset_ops_report()
+    run()
+    torch.phantom.synchronize()
+    rows = torch_phantom.ops_report()
+    torch_phantom.reset_ops_report()
+    return {"async": sum(r["async"] for r in rows), "sync": sum(r["sync"] for r in rows)}
+
+
 # --- timing -------------------------------------------------------------------
 
 
@@ -170,10 +185,13 @@ def bench_small_ops(args, results):
             return x
         return chain
 
+    calls = generic_path_calls(make(PHANTOM))
     row = record(results, "small_ops", f"chain of {ops} ops", make, args,
-                 size=1000, inner=1, extra={"ops_per_chain": ops})
+                 size=1000, inner=1,
+                 extra={"ops_per_chain": ops, "generic_calls": calls})
     print(f"  per op: phantom {row['phantom_s'] / ops * 1e9:.0f} ns, "
-          f"cpu {row['cpu_s'] / ops * 1e9:.0f} ns")
+          f"cpu {row['cpu_s'] / ops * 1e9:.0f} ns; generic path: "
+          f"{calls['sync']} sync, {calls['async']} async calls per chain")
 
 
 # --- 2. scaling ---------------------------------------------------------------
@@ -288,7 +306,11 @@ def bench_training(args, results):
                 loss.backward()
                 optimizer.step()
             return step
-        record(results, "training", name, make, args, extra={"model": name})
+        calls = generic_path_calls(make(PHANTOM))
+        record(results, "training", name, make, args,
+               extra={"model": name, "generic_calls": calls})
+        print(f"    generic path per step: {calls['sync']} sync, "
+              f"{calls['async']} async calls")
 
 
 # --- 5. copies ----------------------------------------------------------------
