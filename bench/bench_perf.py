@@ -1,0 +1,599 @@
+"""Phantom against the CPU: small-op latency, scaling, large ops, training
+steps and copies, in one process.
+
+Design. Every benchmark is a set of *cases*; a case is the same piece of
+work written twice, once on "phantom" and once on "cpu", with the same
+dtype (float32) and the same intra-op thread count (torch.get_num_threads()
+is printed and saved). Both versions are warmed up, then timed in R
+interleaved rounds: each round times phantom then CPU (the order flips
+every round, so drift of a shared machine hits both alike). One sample
+runs the work `inner` times back to back; a phantom sample ends with
+torch.phantom.synchronize(), so queued work is paid for. `inner` is chosen
+from the CPU's warm-up time so that a sample lasts at least --min-sample-ms.
+The result of a case is the median per-call time of each device and the
+ratio phantom/CPU (lower is better; 1.0 = as fast as the CPU, which runs
+the very same kernels without a device in between).
+
+A last part, "breakdown", times the layers of one small op on phantom
+(torch.add on 1,000 floats: CPU op, Meta kernel, allocation, idle sync,
+host side only, queue drain, round trip, PHANTOM_SYNC_GENERIC=1 in a child
+process), best of R samples in ns per op; docs/performance.md uses it with
+a perf profile for "Where the time goes".
+
+Copies (benchmark 5) reuse bench_copies.py: bandwidth against a one-thread
+memcpy, so there the ratio is phantom bandwidth / memcpy bandwidth (higher
+is better).
+
+    python bench/bench_perf.py                  # everything, ~10 min
+    python bench/bench_perf.py --quick          # small sizes, few rounds, < 1 min
+    python bench/bench_perf.py --only small_ops scaling --reps 7
+    python bench/bench_perf.py --out bench/results/perf.json
+
+Results: a table on stdout and, with --out, a JSON file with the machine
+(CPU model, cores, load, torch version, phantom commit, date) that
+bench/plot_perf.py turns into docs/img/perf_*.png. Run it with the device
+built in: PYTHONPATH=<build>/python, or the package installed.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import pathlib
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+import torch_phantom  # noqa: F401  (registers the device)
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(ROOT / "examples"))
+
+import bench_copies  # noqa: E402
+import train_models  # noqa: E402
+
+PHANTOM = "phantom"
+BENCHMARKS = ["small_ops", "scaling", "large_ops", "training", "copies", "breakdown"]
+
+# Targets from the performance issue: (comparison, bound) on the ratio.
+TARGETS = {
+    "small_ops": ("<=", 1.5),
+    "scaling": ("<=", 1.05),  # only judged above 10^6 elements
+    "large_ops": ("<=", 1.05),
+    "training": ("<=", 1.1),
+    "copies": (">=", 0.9),
+}
+SCALING_JUDGED_ABOVE = 10**6
+
+
+def sync(device):
+    if device == PHANTOM:
+        torch.phantom.synchronize()
+
+
+def generic_path_calls(run):
+    """Runs `run` once on phantom and counts its calls on the generic path
+    by half (torch_phantom.ops_report()): shows whether ops were only
+    queued (async) or made the host wait (sync). A first, uncounted run
+    warms up (an optimizer creates its state on its first step)."""
+    run()
+    torch.phantom.synchronize()
+    torch_phantom.reset_ops_report()
+    run()
+    torch.phantom.synchronize()
+    rows = torch_phantom.ops_report()
+    torch_phantom.reset_ops_report()
+    return {"async": sum(r["async"] for r in rows), "sync": sum(r["sync"] for r in rows)}
+
+
+# --- timing -------------------------------------------------------------------
+
+
+def time_case(make, reps, min_sample_s, inner=None):
+    """Times one case on both devices, interleaved.
+
+    `make(device)` builds the inputs and returns a zero-argument callable
+    that does one unit of work on `device` (queued, for phantom). Returns
+    (median seconds per call for phantom, for cpu, inner, samples)."""
+    runs = {d: make(d) for d in (PHANTOM, "cpu")}
+
+    def sample(device, k):
+        run = runs[device]
+        sync(device)
+        start = time.perf_counter()
+        for _ in range(k):
+            run()
+        sync(device)
+        return (time.perf_counter() - start) / k
+
+    # Warm-up: first touch of memory, allocator caches, Meta-kernel caches.
+    sample(PHANTOM, 1)
+    cpu_once = min(sample("cpu", 1), sample("cpu", 1))
+    sample(PHANTOM, 1)
+    if inner is None:
+        inner = max(1, int(min_sample_s / max(cpu_once, 1e-7)))
+    samples = {PHANTOM: [], "cpu": []}
+    for r in range(reps):
+        order = (PHANTOM, "cpu") if r % 2 == 0 else ("cpu", PHANTOM)
+        for device in order:
+            samples[device].append(sample(device, inner))
+    del runs
+    return (statistics.median(samples[PHANTOM]),
+            statistics.median(samples["cpu"]), inner, samples)
+
+
+def record(results, bench, name, make, args, size=None, inner=None, extra=None):
+    p, c, inner, samples = time_case(make, args.reps, args.min_sample_ms / 1e3, inner)
+    row = {
+        "benchmark": bench,
+        "case": name,
+        "size": size,
+        "phantom_s": p,
+        "cpu_s": c,
+        "ratio": p / c,
+        "inner": inner,
+        "samples_phantom_s": samples[PHANTOM],
+        "samples_cpu_s": samples["cpu"],
+    }
+    if extra:
+        row.update(extra)
+    results.append(row)
+    print(f"  {name:<34} {fmt_time(p):>10} {fmt_time(c):>10} {p / c:7.2f}",
+          flush=True)
+    return row
+
+
+def fmt_time(seconds):
+    for unit, scale in (("s", 1), ("ms", 1e-3), ("us", 1e-6)):
+        if seconds >= scale:
+            return f"{seconds / scale:.3g} {unit}"
+    return f"{seconds / 1e-9:.3g} ns"
+
+
+def header(title, baseline="cpu"):
+    print(f"\n== {title}")
+    print(f"  {'case':<34} {'phantom':>10} {baseline:>10} {'ratio':>7}")
+
+
+# --- 1. small-op latency ------------------------------------------------------
+
+
+def bench_small_ops(args, results):
+    """A chain of `ops` dependent elementwise ops on 1,000-element tensors,
+    then a sync: the cost of getting one small op onto the device."""
+    ops = 1000 if args.quick else 10_000
+    header(f"1. small-op latency: a chain of {ops} elementwise ops on 1,000 "
+           f"elements (time per chain)")
+
+    def make(device):
+        x0 = torch.rand(1000, device=device)
+        y = torch.rand(1000, device=device)
+
+        def chain():
+            x = x0
+            for _ in range(ops // 4):  # four different ops per turn
+                x = torch.add(x, y)
+                x = torch.mul(x, 0.5)
+                x = torch.sub(x, y)
+                x = torch.relu(x)
+            return x
+        return chain
+
+    calls = generic_path_calls(make(PHANTOM))
+    row = record(results, "small_ops", f"chain of {ops} ops", make, args,
+                 size=1000, inner=1,
+                 extra={"ops_per_chain": ops, "generic_calls": calls})
+    print(f"  per op: phantom {row['phantom_s'] / ops * 1e9:.0f} ns, "
+          f"cpu {row['cpu_s'] / ops * 1e9:.0f} ns; generic path: "
+          f"{calls['sync']} sync, {calls['async']} async calls per chain")
+
+
+# --- 2. scaling ---------------------------------------------------------------
+
+
+def bench_scaling(args, results):
+    """One elementwise op (with a fresh output, and into a preallocated
+    one), one reduction and one matmul, from 10^2 to 10^8 elements (matmul:
+    square matrices of that many elements, to 10^7)."""
+    top = 6 if args.quick else 8
+    sizes = [10**e for e in range(2, top + 1)]
+    header("2. scaling: phantom/CPU ratio against size (time per op)")
+
+    for n in sizes:
+        def make(device, n=n):
+            a = torch.rand(n, device=device)
+            b = torch.rand(n, device=device)
+            return lambda: torch.add(a, b)
+        record(results, "scaling", f"add {n:.0e}", make, args, size=n,
+               extra={"op": "add"})
+
+    # The same add into a preallocated output: the kernel without the
+    # allocation. Above glibc's mmap threshold (32 MiB) every fresh CPU
+    # output is new pages from the kernel, faulted in and zeroed; phantom's
+    # caching allocator hands back the block it just freed.
+    for n in sizes:
+        def make(device, n=n):
+            a = torch.rand(n, device=device)
+            b = torch.rand(n, device=device)
+            out = torch.empty(n, device=device)
+            return lambda: torch.add(a, b, out=out)
+        record(results, "scaling", f"add out= {n:.0e}", make, args, size=n,
+               extra={"op": "add (out=)"})
+
+    for n in sizes:
+        def make(device, n=n):
+            a = torch.rand(n, device=device)
+            return lambda: torch.sum(a)
+        record(results, "scaling", f"sum {n:.0e}", make, args, size=n,
+               extra={"op": "sum"})
+
+    # 10^8-element matmul is 2e12 flops (minutes on two cores): stop at 10^7.
+    for n in sizes[: min(len(sizes), 6)]:
+        side = round(n ** 0.5)
+
+        def make(device, side=side):
+            a = torch.rand(side, side, device=device)
+            b = torch.rand(side, side, device=device)
+            return lambda: torch.mm(a, b)
+        record(results, "scaling", f"mm {side}x{side}", make, args,
+               size=side * side, extra={"op": "mm"})
+
+
+# --- 3. large ops -------------------------------------------------------------
+
+
+def bench_large_ops(args, results):
+    header("3. large ops (time per op)")
+    side = 512 if args.quick else 2048
+
+    def make_mm(device):
+        a = torch.rand(side, side, device=device)
+        b = torch.rand(side, side, device=device)
+        return lambda: torch.mm(a, b)
+    record(results, "large_ops", f"matmul {side}x{side}", make_mm, args)
+
+    batch, hw = (4, 28) if args.quick else (32, 56)
+
+    def make_conv(device):
+        x = torch.rand(batch, 64, hw, hw, device=device)
+        w = torch.rand(64, 64, 3, 3, device=device)
+        bias = torch.rand(64, device=device)
+        return lambda: F.conv2d(x, w, bias, padding=1)
+    record(results, "large_ops", f"conv2d {batch}x64x{hw}x{hw}, 3x3", make_conv,
+           args)
+
+    rows = 100_000 if args.quick else 1_000_000
+    bags, per_bag, dim = 2048, 32, 64
+
+    def make_bag(device):
+        gen = torch.Generator().manual_seed(0)
+        table = torch.rand(rows, dim, generator=gen).to(device)
+        indices = torch.randint(0, rows, (bags * per_bag,), generator=gen).to(device)
+        offsets = torch.arange(0, bags * per_bag, per_bag).to(device)
+        return lambda: F.embedding_bag(indices, table, offsets, mode="sum")
+    record(results, "large_ops",
+           f"embedding_bag {rows:.0e} rows, {bags} bags", make_bag, args)
+
+
+# --- 4. training steps --------------------------------------------------------
+
+
+def bench_training(args, results):
+    """Forward, backward and optimizer step of the models of
+    examples/train_models.py (the conformance issue's models)."""
+    header("4. training steps (time per step)")
+    for name in ("mlp", "transformer", "dlrm-sgd"):
+        spec = train_models.MODELS[name]
+
+        def make(device, spec=spec):
+            torch.manual_seed(0)
+            model = spec.make_model().to(device)
+            model.train()
+            optimizer = spec.optimizer(list(model.parameters()))
+            batch = spec.make_batches(1, torch.Generator().manual_seed(1))[0]
+            inputs = [t.to(device) for t in batch.inputs]
+            target = batch.target.to(device)
+
+            def step():
+                optimizer.zero_grad()
+                loss = spec.loss(model(*inputs), target)
+                loss.backward()
+                optimizer.step()
+            return step
+        calls = generic_path_calls(make(PHANTOM))
+        record(results, "training", name, make, args,
+               extra={"model": name, "generic_calls": calls})
+        print(f"    generic path per step: {calls['sync']} sync, "
+              f"{calls['async']} async calls")
+
+
+# --- 5. copies ----------------------------------------------------------------
+
+
+def bench_copies_(args, results):
+    sizes = [1, 16] if args.quick else [1, 16, 256]
+    cases = ["memcpy", "h2d_pinned", "d2h_pinned", "h2d_pageable",
+             "d2h_pageable", "d2d"]
+    header("5. copies: bandwidth against memcpy (ratio = phantom GB/s / memcpy GB/s)",
+           baseline="memcpy")
+    for mib in sizes:
+        nbytes = mib * bench_copies.MiB
+        inner, samples = bench_copies.bench_size(
+            nbytes, args.reps, args.min_sample_ms / 1e3, torch.device(PHANTOM),
+            cases)
+        base = statistics.median(samples["memcpy"])
+        for case in cases[1:]:
+            med = statistics.median(samples[case])
+            results.append({
+                "benchmark": "copies", "case": f"{case} {mib} MiB", "size": nbytes,
+                "copy": case, "phantom_s": med, "memcpy_s": base,
+                "phantom_gb_s": nbytes / med / 1e9, "memcpy_gb_s": nbytes / base / 1e9,
+                "ratio": base / med, "inner": inner,
+                "samples_phantom_s": samples[case], "samples_memcpy_s": samples["memcpy"],
+            })
+            print(f"  {case + f' {mib} MiB':<34} {nbytes / med / 1e9:7.2f}GB/s"
+                  f" {nbytes / base / 1e9:7.2f}GB/s {base / med:7.2f}", flush=True)
+
+
+# --- where the time of one small op goes ---------------------------------------
+
+
+_BREAKDOWN_CHILD = r"""
+import json, sys, time, torch, torch_phantom
+n = int(sys.argv[1])
+x = torch.rand(1000, device="phantom"); y = torch.rand(1000, device="phantom")
+for _ in range(200): torch.add(x, y)
+torch.phantom.synchronize()
+best = float("inf")
+for _ in range(5):
+    start = time.perf_counter()
+    for _ in range(n): torch.add(x, y)
+    torch.phantom.synchronize()
+    best = min(best, (time.perf_counter() - start) / n)
+print(json.dumps(best))
+"""
+
+
+def bench_breakdown(args, results):
+    """Targeted timings of one small op (torch.add on 1,000 floats), each a
+    layer of the phantom path: what the host pays, what the stream worker
+    pays, what a round trip costs. Best of R samples, in ns per op (best,
+    not median: these are costs of code paths, and load only adds)."""
+    n = 2000 if args.quick else 20_000
+    print(f"\n== where one small op's time goes (torch.add, 1,000 floats; "
+          f"best of {args.reps} x {n} calls, ns per op)")
+
+    def best_ns(work, calls=n):
+        best = float("inf")
+        for _ in range(args.reps + 1):  # the first is a warm-up
+            sync(PHANTOM)
+            start = time.perf_counter()
+            work(calls)
+            sync(PHANTOM)
+            best = min(best, (time.perf_counter() - start) / calls)
+        return best * 1e9
+
+    cpu = [torch.rand(1000), torch.rand(1000)]
+    meta = [torch.empty(1000, device="meta"), torch.empty(1000, device="meta")]
+    dev = [torch.rand(1000, device=PHANTOM), torch.rand(1000, device=PHANTOM)]
+
+    def loop(fn):
+        def work(k):
+            for _ in range(k):
+                fn()
+        return work
+
+    def host_only(k):
+        # Queue k adds and stop the clock before the device finishes: the
+        # host's share (dispatch, Meta, allocation, queueing). The worker
+        # runs concurrently on the other core.
+        for _ in range(k):
+            torch.add(*dev)
+
+    def host_then_drain():
+        sync(PHANTOM)
+        start = time.perf_counter()
+        host_only(n)
+        queued = time.perf_counter()
+        sync(PHANTOM)
+        return (queued - start) / n * 1e9, (time.perf_counter() - queued) / n * 1e9
+
+    def round_trip(k):
+        for _ in range(k):
+            torch.add(*dev)
+            torch.phantom.synchronize()
+
+    rows = [
+        ("python loop + torch.add on CPU (dispatch + kernel)", best_ns(loop(lambda: torch.add(*cpu)))),
+        ("torch.add on meta tensors (dispatch + Meta kernel)", best_ns(loop(lambda: torch.add(*meta)), n // 50)),
+        ("torch.empty(1000) on CPU", best_ns(loop(lambda: torch.empty(1000)))),
+        ("torch.empty(1000) on phantom (caching allocator)",
+         best_ns(loop(lambda: torch.empty(1000, device=PHANTOM)))),
+        ("torch.phantom.synchronize() on an idle stream", best_ns(loop(torch.phantom.synchronize))),
+        ("torch.add on phantom, chain then one sync", best_ns(loop(lambda: torch.add(*dev)))),
+        ("torch.add on phantom, sync after each op", best_ns(round_trip)),
+    ]
+    host, drain = min(host_then_drain() for _ in range(args.reps))
+    rows.insert(5, ("torch.add on phantom, until each call returns", host))
+    rows.insert(6, ("  then draining the queue, per op", drain))
+    # The env var is read once per process: compare the two settings in
+    # fresh child processes of their own (a long-running process that has
+    # run other benchmarks is itself slower per op).
+    for value in ("0", "1"):
+        env = dict(os.environ, PHANTOM_SYNC_GENERIC=value)
+        try:
+            out = subprocess.run([sys.executable, "-c", _BREAKDOWN_CHILD, str(n // 4)],
+                                 env=env, capture_output=True, text=True, timeout=300)
+            rows.append((f"torch.add on phantom, fresh process, PHANTOM_SYNC_GENERIC={value}",
+                         json.loads(out.stdout.strip().splitlines()[-1]) * 1e9))
+        except (subprocess.SubprocessError, ValueError, IndexError) as error:
+            print(f"  (PHANTOM_SYNC_GENERIC={value} child failed: {error})")
+    for name, ns in rows:
+        print(f"  {name:<56} {ns:9.0f} ns")
+        results.append({"benchmark": "breakdown", "case": name, "ns_per_op": ns,
+                        "size": 1000})
+
+
+RUNNERS = {
+    "small_ops": bench_small_ops,
+    "scaling": bench_scaling,
+    "large_ops": bench_large_ops,
+    "training": bench_training,
+    "copies": bench_copies_,
+    "breakdown": bench_breakdown,
+}
+
+
+# --- report -------------------------------------------------------------------
+
+
+def machine():
+    model = platform.processor()
+    try:
+        for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+
+    def git(*cmd):
+        try:
+            return subprocess.run(["git", "-C", str(ROOT), *cmd], capture_output=True,
+                                  text=True, timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+    commit = git("rev-parse", "HEAD") or "unknown"
+    if git("status", "--porcelain", "--untracked-files=no"):
+        commit += "+dirty"
+    return {
+        "cpu_model": model,
+        "cpu_count": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "phantom_commit": commit,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "load_average_at_start": os.getloadavg(),
+        "env": {k: os.environ[k] for k in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS",
+                                           "PHANTOM_SYNC_GENERIC", "PHANTOM_ALLOC_CONF")
+                if k in os.environ},
+    }
+
+
+def judge(results):
+    """Adds `target` and `met` to each row; returns a summary per benchmark."""
+    summary = {}
+    for row in results:
+        bench = row["benchmark"]
+        if bench not in TARGETS:
+            continue
+        op, bound = TARGETS[bench]
+        if bench == "scaling" and (row["size"] or 0) <= SCALING_JUDGED_ABOVE:
+            row["target"] = None  # small sizes are shown, not judged
+            continue
+        row["target"] = f"{op} {bound}"
+        row["met"] = row["ratio"] <= bound if op == "<=" else row["ratio"] >= bound
+        entry = summary.setdefault(bench, {"target": f"{op} {bound}", "met": 0,
+                                           "total": 0, "ratios": []})
+        entry["total"] += 1
+        entry["met"] += row["met"]
+        entry["ratios"].append(row["ratio"])
+    for entry in summary.values():
+        entry["median_ratio"] = statistics.median(entry.pop("ratios"))
+    return summary
+
+
+def loop_chain(seconds):
+    """Benchmark 1's chain on phantom, in a loop, for a profiler to attach."""
+    x0 = torch.rand(1000, device=PHANTOM)
+    y = torch.rand(1000, device=PHANTOM)
+
+    def chain(ops):
+        x = x0
+        for _ in range(ops // 4):
+            x = torch.relu(torch.sub(torch.mul(torch.add(x, y), 0.5), y))
+        torch.phantom.synchronize()
+    chain(400)  # warm-up
+    print(f"pid {os.getpid()}: running the chain for {seconds:g} s", flush=True)
+    ops, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        chain(4000)
+        ops += 4000
+    print(f"{(time.perf_counter() - start) / ops * 1e9:.0f} ns per op over {ops} ops")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="small sizes and few rounds (< 1 min), for a smoke test")
+    parser.add_argument("--only", nargs="+", choices=BENCHMARKS, metavar="NAME",
+                        help=f"run only these benchmarks ({', '.join(BENCHMARKS)})")
+    parser.add_argument("--reps", type=int, help="interleaved rounds per case "
+                        "(default 5, 3 with --quick)")
+    parser.add_argument("--min-sample-ms", type=float,
+                        help="minimum duration of one sample (default 20, 5 with --quick)")
+    parser.add_argument("--out", help="write the results as JSON here")
+    parser.add_argument("--loop-chain", type=float, metavar="SECONDS",
+                        help="only run benchmark 1's chain on phantom for SECONDS, "
+                        "printing the pid first: a target for perf record -p")
+    args = parser.parse_args(argv)
+    if args.loop_chain is not None:
+        return loop_chain(args.loop_chain)
+    if args.reps is None:
+        args.reps = 3 if args.quick else 5
+    if args.min_sample_ms is None:
+        args.min_sample_ms = 5.0 if args.quick else 20.0
+    if args.reps < 1:
+        parser.error("--reps must be at least 1")
+    if not torch.phantom.is_available():
+        sys.exit("phantom is not available: check PHANTOM_DEVICE_COUNT and "
+                 "PHANTOM_DEVICE_MEMORY (see docs/architecture.md, Settings)")
+
+    info = machine()
+    print(f"{info['cpu_model']}, {info['cpu_count']} cores, torch {info['torch']} "
+          f"({info['torch_threads']} threads), phantom {info['phantom_commit'][:12]}, "
+          f"load {info['load_average_at_start'][0]:.2f}")
+    print(f"medians of {args.reps} interleaved rounds; ratio = phantom / cpu time")
+    started = time.perf_counter()
+    results = []
+    for name in args.only or BENCHMARKS:
+        RUNNERS[name](args, results)
+    summary = judge(results)
+    info["load_average_at_end"] = os.getloadavg()
+    info["seconds"] = time.perf_counter() - started
+
+    print("\n== targets (median ratio of the judged cases)")
+    for bench, entry in summary.items():
+        print(f"  {bench:<10} target {entry['target']:<7} median {entry['median_ratio']:6.2f}"
+              f"  met in {entry['met']}/{entry['total']} cases")
+    print(f"took {info['seconds']:.0f} s; load average at end "
+          f"{info['load_average_at_end'][0]:.2f}")
+
+    if args.out:
+        report = {
+            "benchmark": "bench/bench_perf.py",
+            "units": "seconds per call (median); ratio = phantom/cpu time, "
+                     "for copies phantom/memcpy bandwidth",
+            "reps": args.reps,
+            "quick": args.quick,
+            "machine": info,
+            "targets": {k: f"{op} {b}" for k, (op, b) in TARGETS.items()},
+            "summary": summary,
+            "results": results,
+        }
+        out = pathlib.Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=1))
+        print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

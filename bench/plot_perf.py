@@ -1,0 +1,155 @@
+"""Plots bench/results/perf.json (written by bench/bench_perf.py) into
+docs/img/:
+
+  perf_scaling.png   phantom/CPU time ratio against tensor size (log x), one
+                     line per op, with the 1.05 target drawn from 10^6 up
+  perf_training.png  time per training step, phantom and CPU bars per model
+
+    python bench/plot_perf.py [--results bench/results/perf.json]
+    python bench/plot_perf.py --markdown     # the tables of docs/performance.md
+"""
+
+import argparse
+import json
+import pathlib
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def subtitle(data):
+    m = data["machine"]
+    return (f"{m['cpu_model']}, {m['cpu_count']} cores, {m['torch_threads']} threads, "
+            f"torch {m['torch']}, phantom {m['phantom_commit'][:10]}, {m['date'][:10]}")
+
+
+def plot_scaling(data, out):
+    rows = [r for r in data["results"] if r["benchmark"] == "scaling"]
+    if not rows:
+        return False
+    figure, axis = plt.subplots(figsize=(7, 4.2))
+    for op in dict.fromkeys(r["op"] for r in rows):
+        points = sorted((r["size"], r["ratio"]) for r in rows if r["op"] == op)
+        axis.plot([p[0] for p in points], [p[1] for p in points], marker="o",
+                  label=op)
+    axis.axhline(1.0, color="black", linewidth=0.8)
+    top = max(r["size"] for r in rows)
+    axis.plot([1e6, top], [1.05, 1.05], color="grey", linestyle="--",
+              linewidth=1, label="target 1.05 (> 10^6)")
+    axis.set_xscale("log")
+    axis.set_yscale("log")
+    axis.set_xlabel("elements per tensor")
+    axis.set_ylabel("time phantom / time CPU (log)")
+    axis.set_title("phantom against the CPU by size\n" + subtitle(data), fontsize=9)
+    axis.legend(fontsize=8)
+    axis.grid(True, which="both", alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(out, dpi=110)
+    plt.close(figure)
+    return True
+
+
+def plot_training(data, out):
+    rows = [r for r in data["results"] if r["benchmark"] == "training"]
+    if not rows:
+        return False
+    figure, axis = plt.subplots(figsize=(7, 4))
+    names = [r["case"] for r in rows]
+    xs = range(len(rows))
+    width = 0.38
+    axis.bar([x - width / 2 for x in xs], [r["phantom_s"] * 1e3 for r in rows],
+             width, label="phantom")
+    axis.bar([x + width / 2 for x in xs], [r["cpu_s"] * 1e3 for r in rows],
+             width, label="CPU")
+    for x, r in zip(xs, rows):
+        axis.text(x, max(r["phantom_s"], r["cpu_s"]) * 1e3, f"{r['ratio']:.2f}x",
+                  ha="center", va="bottom", fontsize=8)
+    axis.set_xticks(list(xs))
+    axis.set_xticklabels(names)
+    axis.set_ylabel("ms per training step (median)")
+    axis.set_title("training step: forward, backward, optimizer\n" + subtitle(data),
+                   fontsize=9)
+    axis.legend(fontsize=8)
+    axis.grid(True, axis="y", alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(out, dpi=110)
+    plt.close(figure)
+    return True
+
+
+def fmt(seconds):
+    for unit, scale in (("s", 1), ("ms", 1e-3), ("µs", 1e-6)):
+        if seconds >= scale:
+            return f"{seconds / scale:.3g} {unit}"
+    return f"{seconds * 1e9:.3g} ns"
+
+
+def markdown(data):
+    """The results as markdown tables, one per benchmark."""
+    m = data["machine"]
+    print(f"Taken on {m['cpu_model']} ({m['cpu_count']} cores, torch {m['torch']}, "
+          f"{m['torch_threads']} threads), phantom commit `{m['phantom_commit'][:12]}`, "
+          f"{m['date']}, load average {m['load_average_at_start'][0]:.1f} at start and "
+          f"{m['load_average_at_end'][0]:.1f} at end, env {m.get('env', {})}, "
+          f"medians of {data['reps']} interleaved rounds.\n")
+    rows = data["results"]
+    for bench in ("small_ops", "scaling", "large_ops", "training"):
+        part = [r for r in rows if r["benchmark"] == bench]
+        if not part:
+            continue
+        print(f"| {bench} | phantom | CPU | phantom/CPU | target |")
+        print("|---|---:|---:|---:|---|")
+        for r in part:
+            target = r.get("target") or "(not judged)"
+            met = "" if "met" not in r else (" met" if r["met"] else " **not met**")
+            print(f"| {r['case']} | {fmt(r['phantom_s'])} | {fmt(r['cpu_s'])} | "
+                  f"{r['ratio']:.2f} | {target}{met} |")
+        print()
+    part = [r for r in rows if r["benchmark"] == "copies"]
+    if part:
+        print("| copy | phantom GB/s | memcpy GB/s | phantom/memcpy | target |")
+        print("|---|---:|---:|---:|---|")
+        for r in part:
+            print(f"| {r['case']} | {r['phantom_gb_s']:.2f} | {r['memcpy_gb_s']:.2f} | "
+                  f"{r['ratio']:.2f} | {r['target']}{' met' if r['met'] else ' **not met**'} |")
+        print()
+    part = [r for r in rows if r["benchmark"] == "breakdown"]
+    if part:
+        print("| one torch.add, 1,000 floats | ns per op (best) |")
+        print("|---|---:|")
+        for r in part:
+            print(f"| {r['case'].strip()} | {r['ns_per_op']:.0f} |")
+        print()
+    print("| benchmark | target | median ratio | cases met |")
+    print("|---|---|---:|---:|")
+    for bench, e in data["summary"].items():
+        print(f"| {bench} | {e['target']} | {e['median_ratio']:.2f} | {e['met']}/{e['total']} |")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--results", default=str(ROOT / "bench/results/perf.json"))
+    parser.add_argument("--outdir", default=str(ROOT / "docs/img"))
+    parser.add_argument("--markdown", action="store_true",
+                        help="print the results as markdown tables instead of plotting")
+    args = parser.parse_args(argv)
+    data = json.loads(pathlib.Path(args.results).read_text())
+    if args.markdown:
+        markdown(data)
+        return
+    outdir = pathlib.Path(args.outdir)
+    outdir.mkdir(parents=True, exist_ok=True)
+    for name, plot in (("perf_scaling.png", plot_scaling),
+                       ("perf_training.png", plot_training)):
+        if plot(data, outdir / name):
+            print(f"wrote {outdir / name}")
+        else:
+            print(f"({name}: no such results in {args.results})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# One command for the performance suite: phantom against the CPU (small-op
+# latency, scaling, large ops, training steps, copies), then the plots.
+#   bash bench/run_perf.sh            # full run, ~10 min, writes bench/results/perf.json
+#   bash bench/run_perf.sh --quick    # < 1 min smoke run (results not saved)
+# Extra arguments go to bench/bench_perf.py (e.g. --only scaling --reps 7).
+# Builds nothing: torch_phantom must be importable (installed, or
+# PYTHONPATH=<build>/python).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if ! python3 -c 'import torch_phantom' 2>/dev/null; then
+  echo "torch_phantom is not importable. Install it (pip install --no-build-isolation --no-deps .)" >&2
+  echo "or build it and point PYTHONPATH at the build: cmake -S . -B build -G Ninja && ninja -C build" >&2
+  echo "  && PYTHONPATH=build/python bash bench/run_perf.sh" >&2
+  exit 1
+fi
+# OpenMP threads that spin at barriers turn a loaded machine's scheduler
+# delays into 20 ms per parallel region (seen at load 10 on 2 cores: a
+# 10^6-element add took 20 ms instead of 0.3 ms on the CPU); passive waiting
+# measures the code, not the scheduler. Same setting for both devices.
+export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
+echo "load: $(uptime); OMP_WAIT_POLICY=$OMP_WAIT_POLICY"
+out=bench/results/perf.json
+for a in "$@"; do
+  # A quick or partial run must not overwrite the saved full results.
+  case "$a" in --quick|--only) out=/tmp/phantom-perf-partial.json ;; esac
+done
+python3 bench/bench_perf.py --out "$out" "$@"
+if python3 -c 'import matplotlib' 2>/dev/null; then
+  python3 bench/plot_perf.py --results "$out" \
+    $([ "$out" = bench/results/perf.json ] || echo --outdir /tmp/phantom-perf-plots)
+else
+  echo "(no plots: pip install matplotlib)"
+fi
