@@ -518,3 +518,60 @@ def test_dropout_with_seed_matches_cpu():
     torch.testing.assert_close(drop(x_cpu.to("phantom")).cpu(), expected, rtol=0, atol=0)
     drop.eval()
     torch.testing.assert_close(drop(x_cpu.to("phantom")).cpu(), x_cpu, rtol=0, atol=0)
+
+
+# -- The hot elementwise ops: queued with C++-computed outputs ---------------
+
+def _async_calls(op_name):
+    # In-place forms are counted under their own name (aten::relu_), or
+    # under the out= form ATen's structured kernels call (aten::add).
+    return sum(row["async"] for row in torch_phantom.ops_report()
+               if row["op"] in (op_name, op_name + "_"))
+
+
+import torch_phantom  # noqa: E402
+
+
+@pytest.mark.parametrize("case", [
+    ("aten::add", lambda x, y: x + y),
+    ("aten::add", lambda x, y: torch.add(x, y, alpha=-0.5)),
+    ("aten::sub", lambda x, y: x - 2.0),
+    ("aten::mul", lambda x, y: x * y[0]),
+    ("aten::div", lambda x, y: x / y),
+    ("aten::relu", lambda x, y: torch.relu(x)),
+    ("aten::add", lambda x, y: x.add_(y)),
+    ("aten::mul", lambda x, y: x.mul_(x)),
+    ("aten::relu", lambda x, y: x.relu_()),
+    ("aten::div", lambda x, y: torch.div(x, y, out=torch.empty_like(x))),
+], ids=["add", "add_alpha", "sub_scalar", "mul_bcast_0d", "div", "relu",
+        "add_", "mul_self", "relu_", "div_out"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_hot_elementwise_ops_are_queued_and_match_cpu(case, dtype):
+    op_name, fn = case
+    x = torch.randn(6, 5, dtype=dtype)
+    y = torch.rand(5, dtype=dtype) + 0.5
+    expected = fn(x.clone(), y)
+    before = _async_calls(op_name)
+    got = fn(x.to("phantom"), y.to("phantom"))
+    assert _async_calls(op_name) > before, "took the synchronous path"
+    assert got.device.type == "phantom" and got.dtype == expected.dtype
+    assert torch.equal(got.cpu(), expected)
+
+
+def test_hot_elementwise_ops_outside_the_fast_cases_keep_cpu_behaviour():
+    # Each of these must keep raising at the call, as on the CPU: the fast
+    # path must not queue them (a queued failure would surface later).
+    i = torch.arange(6, device="phantom")
+    with pytest.raises(RuntimeError, match="can't be cast"):
+        i.mul_(1.5)  # integer result of a float product
+    x = torch.randn(3, 1, device="phantom")
+    with pytest.raises(RuntimeError, match="doesn't match the broadcast shape"):
+        x.add_(torch.randn(3, 4, device="phantom"))
+    base = torch.randn(8, device="phantom")
+    with pytest.raises(RuntimeError, match="memory location"):
+        torch.add(base[:6], 1.0, out=base[2:])  # partial overlap
+    # Integer and non-contiguous inputs still match the CPU (general path).
+    assert torch.equal((i * 3).cpu(), torch.arange(6) * 3)
+    t = torch.randn(4, 6)
+    assert torch.equal((t.to("phantom").t() + 1).cpu(), t.t() + 1)
+    assert (t.to("phantom").t() + 1).stride() == (t.t() + 1).stride()
