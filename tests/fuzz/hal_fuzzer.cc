@@ -26,7 +26,8 @@
 //    status on synchronize, an event recorded on a stream is reached once
 //    that stream has been synchronized, ph_event_elapsed_time of two reached
 //    records on one stream is >= 0;
-//  - host tasks: every task given to ph_launch_host_func is released exactly
+//  - host tasks: every task given to ph_launch_host_func (or run and
+//    waited for with ph_run_host_func) is released exactly
 //    once, runs at most once and before its release, and runs unless its
 //    stream was already failing;
 //  - at the end of each input everything is destroyed and freed, and every
@@ -283,6 +284,9 @@ class Program {
   void EventSync(Input& in);
   void EventElapsed(Input& in);
   void Launch(Input& in);
+  void RunNow(const StreamRef& stream, ph_stream_t handle,
+              const ph_host_task_t& task, std::unique_ptr<TaskProbe> probe,
+              const BufferRef& target);
   void SetDevice(Input& in);
   void DeviceSync(Input& in);
   void MemInfo(Input& in);
@@ -1203,6 +1207,11 @@ void Program::Launch(Input& in) {
                       probe.get()};
   if (mode & 0x40) task.name = nullptr;
   probe->may_skip = stream && stream->doom != PH_SUCCESS;
+  // Some tasks are run and waited for (ph_run_host_func) instead of queued.
+  if ((mode & 0x20) && !null_run && stream) {
+    RunNow(stream, handle, task, std::move(probe), target);
+    return;
+  }
   const ph_status_t status = ph_launch_host_func(handle, &task);
   if (null_run) {
     Expect("ph_launch_host_func with a NULL run", status,
@@ -1230,6 +1239,44 @@ void Program::Launch(Input& in) {
         const size_t at = probe->fill_ptr - target->ptr + i;
         target->shadow[at] = probe->fill_byte;
         target->known[at] = !probe->may_skip && probe->result == PH_SUCCESS;
+      }
+    }
+  }
+  probes_.push_back(std::move(probe));
+}
+
+// ph_run_host_func: the task has run (or been refused) and been released
+// by the time the call returns, in stream order.
+void Program::RunNow(const StreamRef& stream, ph_stream_t handle,
+                     const ph_host_task_t& task,
+                     std::unique_ptr<TaskProbe> probe, const BufferRef& target) {
+  const ph_status_t doom_before = stream->doom;
+  const ph_status_t status = ph_run_host_func(handle, &task);
+  const ph_status_t own_failure = AsStickyStatus(probe->result);
+  if (doom_before != PH_SUCCESS) {
+    Expect("ph_run_host_func on a failed stream", status, {doom_before});
+  } else if (probe->result != PH_SUCCESS) {
+    Expect("ph_run_host_func of a failing task", status, {own_failure});
+  } else {
+    Expect("ph_run_host_func", status, {PH_SUCCESS});
+  }
+  const int expected_runs = doom_before == PH_SUCCESS ? 1 : 0;
+  if (probe->runs.load() != expected_runs || probe->releases.load() != 1) {
+    Violation("ph_run_host_func returned %s but the task ran %d times and "
+              "was released %d times (expected %d and 1)",
+              ph_status_name(status), probe->runs.load(),
+              probe->releases.load(), expected_runs);
+  }
+  if (doom_before == PH_SUCCESS && probe->result != PH_SUCCESS) {
+    stream->doom = own_failure;
+  }
+  if (target) {
+    const bool wrote = doom_before == PH_SUCCESS && probe->result == PH_SUCCESS;
+    for (size_t i = 0; i < probe->fill_size; ++i) {
+      const size_t at = probe->fill_ptr - target->ptr + i;
+      if (wrote) {
+        target->shadow[at] = probe->fill_byte;
+        target->known[at] = true;
       }
     }
   }
