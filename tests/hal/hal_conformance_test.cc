@@ -64,25 +64,23 @@ void ReleaseClosure(void* user_data) {
   delete closure;
 }
 
+// A host task running `body`, counted by `probe`.
+ph_host_task_t MakeTask(const char* name, TaskBody body, TaskProbe* probe) {
+  return {name, RunClosure, ReleaseClosure,
+          new Closure{std::move(body), probe}};
+}
+
 // Queues `body` on `stream` as host work named `name`.
 ph_status_t Launch(ph_stream_t stream, const char* name, TaskBody body,
                    TaskProbe* probe = nullptr) {
-  ph_host_task_t task;
-  task.name = name;
-  task.run = RunClosure;
-  task.release = ReleaseClosure;
-  task.user_data = new Closure{std::move(body), probe};
+  const ph_host_task_t task = MakeTask(name, std::move(body), probe);
   return ph_launch_host_func(stream, &task);
 }
 
 // Runs `body` on `stream` through ph_run_host_func (returns when done).
 ph_status_t RunNow(ph_stream_t stream, const char* name, TaskBody body,
                    TaskProbe* probe = nullptr) {
-  ph_host_task_t task;
-  task.name = name;
-  task.run = RunClosure;
-  task.release = ReleaseClosure;
-  task.user_data = new Closure{std::move(body), probe};
+  const ph_host_task_t task = MakeTask(name, std::move(body), probe);
   return ph_run_host_func(stream, &task);
 }
 
