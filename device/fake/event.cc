@@ -2,6 +2,7 @@
 #include "event.h"
 
 #include "handle_registry.h"
+#include "spin_wait.h"
 
 namespace phantom::fake {
 namespace {
@@ -26,12 +27,15 @@ void EventRecord::MarkReached() {
 
 bool EventRecord::IsReached() {
   std::lock_guard<std::mutex> lock(mutex);
-  return reached;
+  return reached.load();
 }
 
 void EventRecord::WaitReached() {
+  if (SpinUntil([this] { return reached.load(std::memory_order_acquire); })) {
+    return;
+  }
   std::unique_lock<std::mutex> lock(mutex);
-  reached_changed.wait(lock, [this] { return reached; });
+  reached_changed.wait(lock, [this] { return reached.load(); });
 }
 
 std::shared_ptr<EventRecord> Event::Latest() {

@@ -18,6 +18,7 @@
 #ifndef PHANTOM_FAKE_EVENT_H_
 #define PHANTOM_FAKE_EVENT_H_
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <memory>
@@ -31,7 +32,7 @@ namespace phantom::fake {
 struct EventRecord {
   std::mutex mutex;  // guards the fields below
   std::condition_variable reached_changed;
-  bool reached = false;
+  std::atomic<bool> reached{false};  // written under mutex; polled unlocked
   std::chrono::steady_clock::time_point time;
   std::weak_ptr<Stream> stream;  // the recording stream
   Stream* stream_identity = nullptr;  // for "waiting for itself" checks

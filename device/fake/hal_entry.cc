@@ -699,12 +699,12 @@ ph_status_t ph_event_elapsed_time(ph_event_t start_handle,
     std::chrono::steady_clock::time_point t1;
     {
       std::lock_guard<std::mutex> lock(first->mutex);
-      if (!first->reached) return PH_NOT_READY;
+      if (!first->reached.load()) return PH_NOT_READY;
       t0 = first->time;
     }
     {
       std::lock_guard<std::mutex> lock(second->mutex);
-      if (!second->reached) return PH_NOT_READY;
+      if (!second->reached.load()) return PH_NOT_READY;
       t1 = second->time;
     }
     *out_ms = std::chrono::duration<float, std::milli>(t1 - t0).count();

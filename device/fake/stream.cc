@@ -6,6 +6,7 @@
 
 #include "errors.h"
 #include "handle_registry.h"
+#include "spin_wait.h"
 
 namespace phantom::fake {
 namespace {
@@ -52,6 +53,15 @@ void Stream::WorkerLoop() {
   t_current_stream = this;
   std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
+    if (queue_.empty() && !stopping_) {
+      // Poll for the next task a while before sleeping (spin_wait.h).
+      const uint64_t seen = enqueued_.load(std::memory_order_relaxed);
+      lock.unlock();
+      SpinUntil([&] {
+        return enqueued_.load(std::memory_order_acquire) != seen;
+      });
+      lock.lock();
+    }
     work_arrived_.wait(lock, [this] {
       return !inline_running_ && (stopping_ || !queue_.empty());
     });
@@ -176,6 +186,15 @@ ph_status_t Stream::Query() {
 void Stream::WaitLocked(std::unique_lock<std::mutex>& lock,
                         uint64_t generation) {
   if (completed_ >= generation) return;
+  // Poll a while before blocking (spin_wait.h); the lock is taken again
+  // before returning, so whatever the task's completion did under it
+  // (sticky status, on_complete) is visible to the caller.
+  lock.unlock();
+  const bool done = SpinUntil([&] {
+    return completed_.load(std::memory_order_acquire) >= generation;
+  });
+  lock.lock();
+  if (done || completed_ >= generation) return;
   const auto target = wait_targets_.insert(generation);
   task_completed_.wait(lock, [&] { return completed_ >= generation; });
   wait_targets_.erase(target);
