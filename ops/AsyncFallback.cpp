@@ -26,13 +26,8 @@
 // Errors the CPU kernel raises (a bad index) surface at the next sync,
 // naming the op, as a device-side error does on a GPU.
 //
-// The hottest elementwise ops (add, sub, mul, div, relu and their in-place
-// and out= forms) skip the Meta kernel: broadcasting and type promotion
-// give their outputs in C++ (runHotElementwise), for the cases where the
-// CPU kernel can neither fail nor resize (floating-point result, outputs of
-// exactly the broadcast shape and dtype, no partial overlap). This is what
-// lets a chain of small ops run ahead of the device instead of waiting for
-// each one.
+// The hottest elementwise ops (add, sub, mul, div, relu) do not come here
+// in their common cases: they have native kernels (Elementwise.cpp).
 #include <phantom/Launch.h>
 #include <phantom/Storage.h>
 #include <phantom/Stream.h>
@@ -43,11 +38,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 #include <ATen/EmptyTensor.h>
-#include <ATen/ExpandUtils.h>
-#include <ATen/native/TypeProperties.h>
-#include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
-#include <c10/core/ScalarType.h>
 #include <c10/core/TensorImpl.h>
 
 #include <mutex>
@@ -326,139 +317,11 @@ void queueCpuKernel(const c10::OperatorHandle& op,
       });
 }
 
-// Hot elementwise ops whose outputs follow plain broadcasting and type
-// promotion: their metadata is computed here, in C++, instead of by their
-// Python Meta kernels (~280 us). Only cases whose CPU kernel cannot fail or
-// resize are taken: a floating-point result type, every output exactly the
-// broadcast shape and result dtype, dense and not partly overlapping an
-// input, and (for fresh outputs) contiguous inputs. Anything else goes on
-// to the general rules.
-enum class ElementwiseForm { kFunctional, kInPlace, kOut };
-
-struct ElementwiseOp {
-  int tensor_inputs;  // 1 (unary) or 2 (self, other)
-  ElementwiseForm form;
-};
-
-std::optional<ElementwiseOp> hotElementwise(const c10::OperatorName& name) {
-  static const auto* table = new std::unordered_map<std::string, ElementwiseOp>{
-      {"aten::add.Tensor", {2, ElementwiseForm::kFunctional}},
-      {"aten::add.out", {2, ElementwiseForm::kOut}},
-      {"aten::add_.Tensor", {2, ElementwiseForm::kInPlace}},
-      {"aten::sub.Tensor", {2, ElementwiseForm::kFunctional}},
-      {"aten::sub.out", {2, ElementwiseForm::kOut}},
-      {"aten::sub_.Tensor", {2, ElementwiseForm::kInPlace}},
-      {"aten::mul.Tensor", {2, ElementwiseForm::kFunctional}},
-      {"aten::mul.out", {2, ElementwiseForm::kOut}},
-      {"aten::mul_.Tensor", {2, ElementwiseForm::kInPlace}},
-      {"aten::div.Tensor", {2, ElementwiseForm::kFunctional}},
-      {"aten::div.out", {2, ElementwiseForm::kOut}},
-      {"aten::div_.Tensor", {2, ElementwiseForm::kInPlace}},
-      {"aten::relu", {1, ElementwiseForm::kFunctional}},
-      {"aten::relu_", {1, ElementwiseForm::kInPlace}},
-  };
-  const std::string key =
-      name.overload_name.empty() ? name.name : name.name + "." + name.overload_name;
-  const auto it = table->find(key);
-  if (it == table->end()) {
-    return std::nullopt;
-  }
-  return it->second;
-}
-
-bool sameView(const at::Tensor& a, const at::Tensor& b) {
-  return a.storage().is_alias_of(b.storage()) &&
-         a.storage_offset() == b.storage_offset() && a.sizes() == b.sizes() &&
-         a.strides() == b.strides() && a.dtype() == b.dtype();
-}
-
-// The written tensor must not share memory with an input unless it is that
-// very view (x.add_(y), x.add_(x)); the CPU kernel refuses partial overlap.
-bool writesSafely(const at::Tensor& out, c10::ArrayRef<at::Tensor> inputs) {
-  if (!out.is_contiguous() || out.is_conj() || out.is_neg()) {
-    return false;
-  }
-  for (const at::Tensor& input : inputs) {
-    if (input.storage().is_alias_of(out.storage()) && !sameView(input, out)) {
-      return false;
-    }
-  }
-  return true;
-}
-
-// True when the hot elementwise op was queued (stack holds its result).
-bool runHotElementwise(const c10::OperatorHandle& op, torch::jit::Stack* stack,
-                       c10::Device device) {
-  const std::optional<ElementwiseOp> kind = hotElementwise(op.operator_name());
-  if (!kind) {
-    return false;
-  }
-  const size_t num_args = op.schema().arguments().size();
-  const c10::ArrayRef<c10::IValue> args = torch::jit::last(stack, num_args);
-  std::vector<at::Tensor> inputs;
-  for (int i = 0; i < kind->tensor_inputs; ++i) {
-    if (!args[i].isTensor() || !args[i].toTensor().defined()) {
-      return false;
-    }
-    const at::Tensor& t = args[i].toTensor();
-    if (t.is_conj() || t.is_neg() || t.layout() != c10::kStrided ||
-        (!isPhantom(t) && t.dim() != 0)) {
-      return false;
-    }
-    inputs.push_back(t);
-  }
-  at::native::ResultTypeState state;
-  for (const at::Tensor& t : inputs) {
-    state = at::native::update_result_type_state(t, state);
-  }
-  const c10::ScalarType dtype = at::native::result_type(state);
-  if (!c10::isFloatingType(dtype)) {
-    return false;
-  }
-  at::DimVector shape(inputs[0].sizes().begin(), inputs[0].sizes().end());
-  for (size_t i = 1; i < inputs.size(); ++i) {
-    shape = at::infer_size_dimvector(shape, inputs[i].sizes());
-  }
-  at::Tensor result;
-  std::vector<std::pair<size_t, DeviceTensorRef>> fresh;
-  switch (kind->form) {
-    case ElementwiseForm::kInPlace:
-    case ElementwiseForm::kOut: {
-      const at::Tensor& out = kind->form == ElementwiseForm::kInPlace
-                                  ? inputs[0]
-                                  : args[num_args - 1].toTensor();
-      if (!isPhantom(out) || out.device() != device ||
-          out.scalar_type() != dtype || out.sizes() != c10::IntArrayRef(shape) ||
-          !writesSafely(out, inputs)) {
-        return false;
-      }
-      result = out;
-      break;
-    }
-    case ElementwiseForm::kFunctional:
-      for (const at::Tensor& t : inputs) {
-        if (t.dim() != 0 && !t.is_contiguous()) {
-          return false;  // the CPU kernel would choose the output's layout
-        }
-      }
-      result = at::empty(shape, inputs[0].options().dtype(dtype).device(device));
-      fresh.emplace_back(0, DeviceTensorRef(result));
-      break;
-  }
-  queueCpuKernel(op, args, std::move(fresh), device);
-  torch::jit::drop(stack, num_args);
-  stack->push_back(std::move(result));
-  return true;
-}
-
 }  // namespace
 
 const char* runGenericAsync(const c10::OperatorHandle& op,
                             torch::jit::Stack* stack, c10::Device device) {
   const c10::FunctionSchema& schema = op.schema();
-  if (runHotElementwise(op, stack, device)) {
-    return nullptr;
-  }
   if (!op.hasComputedKernelForDispatchKey(c10::DispatchKey::Meta)) {
     return "no Meta kernel to compute its outputs ahead";
   }

@@ -245,6 +245,8 @@ class ResultMapper {
   std::vector<at::Tensor> inputs_;
 };
 
+}  // namespace
+
 void genericFallback(const c10::OperatorHandle& op, c10::DispatchKeySet,
                      torch::jit::Stack* stack) {
   const auto& schema = op.schema();
@@ -293,8 +295,6 @@ void genericFallback(const c10::OperatorHandle& op, c10::DispatchKeySet,
     stack->push_back(std::move(result));
   }
 }
-
-}  // namespace
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&genericFallback>());

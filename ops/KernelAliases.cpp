@@ -15,8 +15,8 @@ namespace phantom {
 DeviceTensorRef::DeviceTensorRef(const at::Tensor& tensor)
     : storage_data(tensor.storage().mutable_data()),
       storage_nbytes(tensor.storage().nbytes()),
-      sizes(tensor.sizes().vec()),
-      strides(tensor.strides().vec()),
+      sizes(tensor.sizes().begin(), tensor.sizes().end()),
+      strides(tensor.strides().begin(), tensor.strides().end()),
       storage_offset(tensor.storage_offset()),
       dtype(tensor.dtype()),
       is_conj(tensor.is_conj()),

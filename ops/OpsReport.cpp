@@ -1,5 +1,6 @@
 // See phantom/ops/OpsReport.h. Counting costs one mutex and one hash lookup
-// per generic call, small next to the work of the generic path itself.
+// per generic call, small next to the work of the generic path itself; a
+// native kernel's call costs one relaxed atomic increment.
 #include <phantom/ops/OpsReport.h>
 
 #include <algorithm>
@@ -16,12 +17,22 @@ struct Counts {
 };
 
 std::mutex report_mutex;
+
+std::vector<NativeOpCounter*>& nativeCounters() {  // guarded by report_mutex
+  static auto* counters = new std::vector<NativeOpCounter*>();
+  return *counters;
+}
 std::unordered_map<std::string, Counts>& counts() {
   static auto* table = new std::unordered_map<std::string, Counts>();
   return *table;
 }
 
 }  // namespace
+
+NativeOpCounter::NativeOpCounter(const char* op) : op_(op) {
+  std::lock_guard<std::mutex> lock(report_mutex);
+  nativeCounters().push_back(this);
+}
 
 void recordOpPath(const std::string& op, OpPath path, const char* reason) {
   std::lock_guard<std::mutex> lock(report_mutex);
@@ -40,11 +51,28 @@ std::vector<OpPathCount> opsReport() {
     std::lock_guard<std::mutex> lock(report_mutex);
     for (const auto& [op, entry] : counts()) {
       result.push_back(
-          {op, entry.async_calls, entry.sync_calls, entry.sync_reason});
+          {op, 0, entry.async_calls, entry.sync_calls, entry.sync_reason});
+    }
+    for (const NativeOpCounter* counter : nativeCounters()) {
+      const int64_t calls = counter->calls();
+      if (calls == 0) {
+        continue;
+      }
+      auto it = std::find_if(result.begin(), result.end(), [&](const auto& row) {
+        return row.op == counter->op();
+      });
+      if (it == result.end()) {
+        result.push_back({counter->op(), calls, 0, 0, ""});
+      } else {
+        it->native_calls += calls;
+      }
     }
   }
-  std::sort(result.begin(), result.end(), [](const auto& a, const auto& b) {
-    return a.async_calls + a.sync_calls > b.async_calls + b.sync_calls;
+  const auto total = [](const OpPathCount& row) {
+    return row.native_calls + row.async_calls + row.sync_calls;
+  };
+  std::sort(result.begin(), result.end(), [&](const auto& a, const auto& b) {
+    return total(a) > total(b);
   });
   return result;
 }
@@ -52,6 +80,9 @@ std::vector<OpPathCount> opsReport() {
 void resetOpsReport() {
   std::lock_guard<std::mutex> lock(report_mutex);
   counts().clear();
+  for (NativeOpCounter* counter : nativeCounters()) {
+    counter->reset();
+  }
 }
 
 }  // namespace phantom

@@ -203,6 +203,7 @@ PYBIND11_MODULE(_C, m) {
     for (const auto& row : phantom::opsReport()) {
       py::dict entry;
       entry["op"] = row.op;
+      entry["native"] = row.native_calls;
       entry["async"] = row.async_calls;
       entry["sync"] = row.sync_calls;
       entry["sync_reason"] = row.sync_reason;

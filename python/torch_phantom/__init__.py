@@ -64,10 +64,12 @@ _check_switches()
 
 
 def ops_report() -> list:
-    """How often each op ran on phantom's generic path, and how: a list of
-    dicts ``{"op", "async", "sync", "sync_reason"}``, most called first.
-    ``async`` calls were only queued (outputs computed ahead by the Meta
-    kernel); ``sync`` calls made the host wait, for ``sync_reason``. Ops
+    """How often each op ran on phantom, and how: a list of dicts
+    ``{"op", "native", "async", "sync", "sync_reason"}``, most called first.
+    ``native`` calls took a phantom kernel that queues the CPU kernel
+    directly (add, sub, mul, div, relu); ``async`` calls took the generic
+    path and were only queued (outputs computed ahead); ``sync`` calls took
+    the generic path and made the host wait, for ``sync_reason``. Other ops
     with phantom kernels of their own (factories, copies, views, fill_)
     are not listed. A vendor reads this to plan native kernels."""
     return _C._ops_report()
@@ -79,10 +81,11 @@ def reset_ops_report() -> None:
 
 def _print_ops_report_at_exit() -> None:
     rows = ops_report()
-    print(f"phantom ops report: {len(rows)} ops on the generic path")
-    print(f"{'op':<48} {'async':>8} {'sync':>8}  sync reason")
+    print(f"phantom ops report: {len(rows)} ops")
+    print(f"{'op':<48} {'native':>8} {'async':>8} {'sync':>8}  sync reason")
     for row in rows:
-        print(f"{row['op']:<48} {row['async']:>8} {row['sync']:>8}  {row['sync_reason']}")
+        print(f"{row['op']:<48} {row['native']:>8} {row['async']:>8} {row['sync']:>8}  "
+              f"{row['sync_reason']}")
 
 
 if __import__("os").environ.get("PHANTOM_OPS_REPORT") == "1":

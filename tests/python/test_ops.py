@@ -520,12 +520,12 @@ def test_dropout_with_seed_matches_cpu():
     torch.testing.assert_close(drop(x_cpu.to("phantom")).cpu(), x_cpu, rtol=0, atol=0)
 
 
-# -- The hot elementwise ops: queued with C++-computed outputs ---------------
+# -- The hot elementwise ops: native kernels that only queue ----------------
 
-def _async_calls(op_name):
-    # In-place forms are counted under their own name (aten::relu_), or
-    # under the out= form ATen's structured kernels call (aten::add).
-    return sum(row["async"] for row in torch_phantom.ops_report()
+def _native_calls(op_name):
+    # In-place forms are counted under their own name (aten::relu_) or the
+    # op's (aten::add).
+    return sum(row["native"] for row in torch_phantom.ops_report()
                if row["op"] in (op_name, op_name + "_"))
 
 
@@ -551,11 +551,60 @@ def test_hot_elementwise_ops_are_queued_and_match_cpu(case, dtype):
     x = torch.randn(6, 5, dtype=dtype)
     y = torch.rand(5, dtype=dtype) + 0.5
     expected = fn(x.clone(), y)
-    before = _async_calls(op_name)
+    before = _native_calls(op_name)
     got = fn(x.to("phantom"), y.to("phantom"))
-    assert _async_calls(op_name) > before, "took the synchronous path"
+    assert _native_calls(op_name) > before, "did not take the native kernel"
     assert got.device.type == "phantom" and got.dtype == expected.dtype
     assert torch.equal(got.cpu(), expected)
+
+
+def test_hot_elementwise_cpu_scalars_promote_as_on_cpu_and_are_read_at_the_call():
+    # A 0-dim CPU tensor and a Python number promote differently (int64
+    # tensor * float64 0-dim tensor is float64, * 2.5 is float32); both
+    # must give the CPU's dtype and values.
+    i = torch.arange(6)
+    x = torch.randn(6)
+    scalar = torch.tensor(2.5, dtype=torch.float64)
+    for fn in (lambda t: t * scalar, lambda t: t * 2.5, lambda t: t / scalar,
+               lambda t: torch.add(t, scalar, alpha=3)):
+        for base in (i, x):
+            expected = fn(base)
+            got = fn(base.to("phantom"))
+            assert got.dtype == expected.dtype
+            assert torch.equal(got.cpu(), expected)
+    # The CPU scalar's value is taken when the op is called, as CUDA passes
+    # it to the kernel by value: changing it before the device runs the op
+    # must not change the result.
+    torch.phantom.synchronize()
+    y = torch.randn(1000, device="phantom")
+    with torch.phantom.stream(torch.phantom.Stream()):
+        torch.phantom.faults.set_latency_us(20000)  # the kernel runs late
+        try:
+            value = torch.tensor(3.0)
+            out = y * value
+            value.fill_(-1.0)
+        finally:
+            torch.phantom.faults.set_latency_us(0)
+    torch.phantom.synchronize()
+    assert torch.equal(out.cpu(), y.cpu() * 3.0)
+
+
+def test_relu_matches_cpu_bit_for_bit_on_special_values():
+    x = torch.tensor([float("nan"), -0.0, 0.0, -1.0, 2.0, float("-inf"), float("inf")])
+    for fn in (torch.relu, lambda t: t.clone().relu_(), torch.nn.functional.relu):
+        got = fn(x.to("phantom")).cpu()
+        expected = fn(x)
+        assert torch.equal(got.view(torch.int32), expected.view(torch.int32))
+
+
+def test_hot_elementwise_ops_on_two_devices_raise_at_the_call():
+    if torch.phantom.device_count() < 2:
+        pytest.skip("needs two phantom devices")
+    a = torch.randn(4, device="phantom:0")
+    b = torch.randn(4, device="phantom:1")
+    for fn in (lambda: a + b, lambda: a.mul_(b), lambda: torch.div(a, b, out=a)):
+        with pytest.raises(RuntimeError, match="same device"):
+            fn()
 
 
 def test_hot_elementwise_ops_outside_the_fast_cases_keep_cpu_behaviour():

@@ -23,6 +23,12 @@ inline bool isGeneratorArgument(const c10::Argument& argument) {
          optional->getElementType()->kind() == c10::TypeKind::GeneratorType;
 }
 
+// The boxed fallback for PrivateUse1 (Fallback.cpp): runs `op` by its CPU
+// kernel over device memory, queued or waited for. Native kernels call it
+// for the cases they decline.
+void genericFallback(const c10::OperatorHandle& op, c10::DispatchKeySet,
+                     torch::jit::Stack* stack);
+
 // Queues `op` on the current stream of `device` and replaces its arguments
 // on `stack` by its results. Returns nullptr on success, or (leaving the
 // stack untouched) why the op has to take the synchronous path.

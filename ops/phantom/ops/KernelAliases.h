@@ -25,6 +25,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/util/SmallVector.h>
 
 #include <optional>
 #include <unordered_map>
@@ -39,8 +40,8 @@ struct DeviceTensorRef {
 
   void* storage_data;
   size_t storage_nbytes;
-  std::vector<int64_t> sizes;
-  std::vector<int64_t> strides;
+  c10::SmallVector<int64_t, 5> sizes;  // inline up to 5 dims: no allocation
+  c10::SmallVector<int64_t, 5> strides;
   int64_t storage_offset;
   caffe2::TypeMeta dtype;
   bool is_conj;

@@ -7,11 +7,31 @@
 // prints them at exit.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 namespace phantom {
+
+// Calls of one op's native kernel (ops with a phantom kernel of their own
+// that queues the CPU kernel directly, e.g. Elementwise.cpp): a relaxed
+// atomic increment per call. Counters must have static storage duration;
+// they register themselves for opsReport().
+class NativeOpCounter {
+ public:
+  explicit NativeOpCounter(const char* op);
+  NativeOpCounter(const NativeOpCounter&) = delete;
+  NativeOpCounter& operator=(const NativeOpCounter&) = delete;
+  void count() { calls_.fetch_add(1, std::memory_order_relaxed); }
+  const char* op() const { return op_; }
+  int64_t calls() const { return calls_.load(std::memory_order_relaxed); }
+  void reset() { calls_.store(0, std::memory_order_relaxed); }
+
+ private:
+  const char* op_;
+  std::atomic<int64_t> calls_{0};
+};
 
 enum class OpPath {
   kGenericAsync,  // Meta computed the outputs; the kernel was only queued
@@ -22,6 +42,7 @@ void recordOpPath(const std::string& op, OpPath path, const char* reason = "");
 
 struct OpPathCount {
   std::string op;
+  int64_t native_calls = 0;
   int64_t async_calls = 0;
   int64_t sync_calls = 0;
   std::string sync_reason;  // why the last synchronous call waited

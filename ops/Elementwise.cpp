@@ -1,0 +1,378 @@
+// Native kernels for the hottest elementwise ops: add, sub, mul, div (the
+// functional, in-place and out= forms) and relu, relu_.
+//
+// These are most of a model's small ops, so what the host pays to queue one
+// is what a chain of small ops costs. The boxed generic path would box the
+// arguments, walk the schema, compute the outputs, and queue a closure that
+// aliases every argument, calls the op through the dispatcher and copies a
+// fresh CPU result into the device output. Here the host instead checks
+// the arguments, takes the output's shape and dtype from broadcasting and
+// type promotion, allocates it, and queues a small closure. The closure
+// runs the CPU kernel (at::cpu::*_out, no dispatcher) straight into the
+// device output, over CPU aliases of device memory (KernelAliases.h).
+//
+// Only cases where the CPU kernel can neither fail nor resize are queued
+// here, so no error that the CPU raises at the call is deferred: a floating
+// result dtype; every phantom input on the op's device; outputs of exactly
+// the broadcast shape and result dtype, dense and not partly overlapping an
+// input; for fresh outputs, contiguous inputs (the CPU kernel would give a
+// fresh output the layout of strided inputs). A CPU scalar (a Python number,
+// or a 0-dim CPU tensor) is read when the op is called, as CUDA passes it
+// by value to the kernel. Every other case goes to the generic path
+// (Fallback.cpp), which keeps the CPU's behaviour, errors included.
+#include <phantom/Launch.h>
+#include <phantom/Stream.h>
+#include <phantom/ops/GenericPath.h>
+#include <phantom/ops/KernelAliases.h>
+#include <phantom/ops/OpsReport.h>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/boxing/impl/boxing.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ExpandUtils.h>
+#include <ATen/native/TypeProperties.h>
+#include <ATen/ops/add_cpu_dispatch.h>
+#include <ATen/ops/clamp_min_cpu_dispatch.h>
+#include <ATen/ops/div_cpu_dispatch.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/mul_cpu_dispatch.h>
+#include <ATen/ops/scalar_tensor.h>
+#include <ATen/ops/sub_cpu_dispatch.h>
+#include <c10/core/DeviceGuard.h>
+#include <torch/library.h>
+
+#include <optional>
+
+namespace phantom {
+namespace {
+
+enum class Binary { kAdd, kSub, kMul, kDiv };
+
+const char* nameOf(Binary op) {
+  switch (op) {
+    case Binary::kAdd: return "aten::add";
+    case Binary::kSub: return "aten::sub";
+    case Binary::kMul: return "aten::mul";
+    case Binary::kDiv: return "aten::div";
+  }
+  return "?";
+}
+
+// A CPU scalar's value, read directly for the dtypes Python numbers take.
+at::Scalar valueOf(const at::Tensor& cpu_scalar) {
+  const void* data = cpu_scalar.const_data_ptr();
+  switch (cpu_scalar.scalar_type()) {
+    case c10::kDouble: return *static_cast<const double*>(data);
+    case c10::kFloat: return *static_cast<const float*>(data);
+    case c10::kLong: return *static_cast<const int64_t*>(data);
+    case c10::kBool: return *static_cast<const bool*>(data);
+    default: return cpu_scalar.item();
+  }
+}
+
+// An input as the queued kernel receives it: device memory by reference,
+// or a CPU scalar by value.
+class Input {
+ public:
+  static std::optional<Input> from(const at::Tensor& t, c10::Device device) {
+    if (!t.defined() || t.layout() != c10::kStrided || t.is_conj() ||
+        t.is_neg()) {
+      return std::nullopt;
+    }
+    if (t.device() == device) {
+      return Input(DeviceTensorRef(t));
+    }
+    if (t.device().is_cpu() && t.dim() == 0) {
+      return Input(valueOf(t), t.scalar_type(),
+                   t.unsafeGetTensorImpl()->is_wrapped_number());
+    }
+    return std::nullopt;  // another device: the generic path says so
+  }
+
+  at::Tensor toKernel(KernelAliases& aliases) const {
+    if (device_) {
+      return aliases.alias(*device_);
+    }
+    at::Tensor t = at::scalar_tensor(value_, at::TensorOptions(dtype_));
+    t.unsafeGetTensorImpl()->set_wrapped_number(wrapped_);
+    return t;
+  }
+
+ private:
+  explicit Input(DeviceTensorRef ref) : device_(std::move(ref)) {}
+  Input(const at::Scalar& value, c10::ScalarType dtype, bool wrapped)
+      : value_(value), dtype_(dtype), wrapped_(wrapped) {}
+
+  std::optional<DeviceTensorRef> device_;
+  at::Scalar value_;
+  c10::ScalarType dtype_ = c10::kFloat;
+  bool wrapped_ = false;
+};
+
+bool sameView(const at::Tensor& a, const at::Tensor& b) {
+  return a.storage().is_alias_of(b.storage()) &&
+         a.storage_offset() == b.storage_offset() && a.sizes() == b.sizes() &&
+         a.strides() == b.strides() && a.dtype() == b.dtype();
+}
+
+// `out` may be written by a queued kernel reading `inputs`: it is exactly
+// the result's shape and dtype, dense, and shares memory with an input only
+// if it is that very view (x.add_(y), x.mul_(x)).
+bool writable(const at::Tensor& out, c10::Device device, c10::ScalarType dtype,
+              c10::IntArrayRef shape, std::initializer_list<at::Tensor> inputs) {
+  if (out.device() != device || out.scalar_type() != dtype ||
+      out.sizes() != shape || !out.is_contiguous() || out.is_conj() ||
+      out.is_neg()) {
+    return false;
+  }
+  for (const at::Tensor& input : inputs) {
+    if (input.device() == device &&
+        input.storage().is_alias_of(out.storage()) && !sameView(input, out)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// The device the op runs on: the first phantom input's. None: not ours.
+std::optional<c10::Device> deviceOf(std::initializer_list<at::Tensor> inputs) {
+  for (const at::Tensor& t : inputs) {
+    if (t.defined() && t.device().type() == c10::DeviceType::PrivateUse1) {
+      return t.device();
+    }
+  }
+  return std::nullopt;
+}
+
+// Result dtype and shape by ATen's rules; nullopt unless floating.
+struct ResultMeta {
+  c10::ScalarType dtype;
+  at::DimVector shape;
+};
+
+std::optional<ResultMeta> resultOf(const at::Tensor& a, const at::Tensor* b) {
+  at::native::ResultTypeState state;
+  state = at::native::update_result_type_state(a, state);
+  if (b != nullptr) {
+    state = at::native::update_result_type_state(*b, state);
+  }
+  const c10::ScalarType dtype = at::native::result_type(state);
+  if (!c10::isFloatingType(dtype)) {
+    return std::nullopt;
+  }
+  if (b == nullptr) {
+    return ResultMeta{dtype, at::DimVector(a.sizes())};
+  }
+  std::optional<at::DimVector> shape = at::infer_size_dimvector(a.sizes(), b->sizes());
+  return ResultMeta{dtype, *shape};
+}
+
+void runBinary(Binary op, at::Tensor& out, const at::Tensor& a,
+               const at::Tensor& b, const at::Scalar& alpha) {
+  switch (op) {
+    case Binary::kAdd: at::cpu::add_out(out, a, b, alpha); return;
+    case Binary::kSub: at::cpu::sub_out(out, a, b, alpha); return;
+    case Binary::kMul: at::cpu::mul_out(out, a, b); return;
+    case Binary::kDiv: at::cpu::div_out(out, a, b); return;
+  }
+}
+
+// Queues `out = op(a, b, alpha)` on the current stream of `device`.
+void queueBinary(Binary op, const at::Tensor& out, Input a, Input b,
+                 const at::Scalar& alpha, c10::Device device) {
+  launchAsync(getCurrentPhantomStream(device.index()), nameOf(op),
+              [op, out = DeviceTensorRef(out), a = std::move(a),
+               b = std::move(b), alpha] {
+                KernelAliases aliases;
+                at::Tensor result = aliases.alias(out);
+                runBinary(op, result, a.toKernel(aliases), b.toKernel(aliases),
+                          alpha);
+              });
+}
+
+// Tries the native path for out = op(self, other, alpha); `out` undefined
+// means a fresh output. Returns the output, or undefined to decline.
+at::Tensor tryBinary(Binary op, const at::Tensor& self, const at::Tensor& other,
+                     const at::Scalar& alpha, const at::Tensor& out,
+                     bool in_place) {
+  const std::optional<c10::Device> device = deviceOf({self, other});
+  if (!device) {
+    return {};
+  }
+  std::optional<Input> a = Input::from(self, *device);
+  std::optional<Input> b = Input::from(other, *device);
+  if (!a || !b || (in_place && self.device() != *device)) {
+    return {};
+  }
+  const std::optional<ResultMeta> meta = resultOf(self, &other);
+  if (!meta) {
+    return {};
+  }
+  const c10::DeviceGuard guard(*device);
+  at::Tensor result;
+  if (out.defined()) {
+    if (!writable(out, *device, meta->dtype, meta->shape, {self, other})) {
+      return {};
+    }
+    result = out;
+  } else {
+    for (const at::Tensor* t : {&self, &other}) {
+      if (t->dim() != 0 && !t->is_contiguous()) {
+        return {};  // the CPU would give the output the inputs' layout
+      }
+    }
+    result = at::empty(meta->shape,
+                       at::TensorOptions(meta->dtype).device(*device));
+  }
+  queueBinary(op, result, std::move(*a), std::move(*b), alpha, *device);
+  return result;
+}
+
+// The generic path, for what the native path declines.
+void genericBoxed(const char* name, const char* overload,
+                  torch::jit::Stack* stack) {
+  const c10::OperatorHandle op =
+      c10::Dispatcher::singleton().findSchemaOrThrow(name, overload);
+  genericFallback(op, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), stack);
+}
+
+template <typename... Args>
+torch::jit::Stack boxed(Args&&... args) {
+  torch::jit::Stack stack;
+  stack.reserve(sizeof...(Args));
+  (stack.emplace_back(std::forward<Args>(args)), ...);
+  return stack;
+}
+
+// One native-call counter per op form, for the ops report.
+NativeOpCounter& counterFor(Binary op) {
+  static NativeOpCounter counters[] = {
+      NativeOpCounter("aten::add"), NativeOpCounter("aten::sub"),
+      NativeOpCounter("aten::mul"), NativeOpCounter("aten::div")};
+  return counters[static_cast<int>(op)];
+}
+
+template <Binary Op>
+at::Tensor functional(const at::Tensor& self, const at::Tensor& other,
+                      const at::Scalar& alpha) {
+  at::Tensor result = tryBinary(Op, self, other, alpha, {}, false);
+  if (result.defined()) {
+    counterFor(Op).count();
+    return result;
+  }
+  torch::jit::Stack stack = Op == Binary::kMul || Op == Binary::kDiv
+                                ? boxed(self, other)
+                                : boxed(self, other, alpha);
+  genericBoxed(nameOf(Op), "Tensor", &stack);
+  return stack.back().toTensor();
+}
+
+template <Binary Op>
+at::Tensor& inPlace(at::Tensor& self, const at::Tensor& other,
+                    const at::Scalar& alpha) {
+  if (tryBinary(Op, self, other, alpha, self, true).defined()) {
+    counterFor(Op).count();
+    return self;
+  }
+  torch::jit::Stack stack = Op == Binary::kMul || Op == Binary::kDiv
+                                ? boxed(self, other)
+                                : boxed(self, other, alpha);
+  const std::string name = std::string(nameOf(Op)) + "_";
+  genericBoxed(name.c_str(), "Tensor", &stack);
+  return self;
+}
+
+template <Binary Op>
+at::Tensor& outForm(const at::Tensor& self, const at::Tensor& other,
+                    const at::Scalar& alpha, at::Tensor& out) {
+  if (tryBinary(Op, self, other, alpha, out, false).defined()) {
+    counterFor(Op).count();
+    return out;
+  }
+  torch::jit::Stack stack = Op == Binary::kMul || Op == Binary::kDiv
+                                ? boxed(self, other, out)
+                                : boxed(self, other, alpha, out);
+  genericBoxed(nameOf(Op), "out", &stack);
+  return out;
+}
+
+// mul and div take no alpha.
+template <Binary Op>
+at::Tensor functional2(const at::Tensor& self, const at::Tensor& other) {
+  return functional<Op>(self, other, 1);
+}
+template <Binary Op>
+at::Tensor& inPlace2(at::Tensor& self, const at::Tensor& other) {
+  return inPlace<Op>(self, other, 1);
+}
+template <Binary Op>
+at::Tensor& outForm2(const at::Tensor& self, const at::Tensor& other,
+                     at::Tensor& out) {
+  return outForm<Op>(self, other, 1, out);
+}
+
+// relu is clamp_min(self, 0) on the CPU (ATen's Activation.cpp), so the
+// queued kernel calls clamp_min_out into the device output.
+NativeOpCounter relu_counter("aten::relu");
+NativeOpCounter relu_inplace_counter("aten::relu_");
+
+bool reluQueued(const at::Tensor& self, const at::Tensor& out) {
+  if (!isPhantom(self) || self.layout() != c10::kStrided || self.is_conj() ||
+      self.is_neg() || !c10::isFloatingType(self.scalar_type())) {
+    return false;
+  }
+  const c10::DeviceGuard guard(self.device());
+  launchAsync(getCurrentPhantomStream(self.device().index()), "aten::relu",
+              [in = DeviceTensorRef(self), out = DeviceTensorRef(out)] {
+                KernelAliases aliases;
+                at::Tensor result = aliases.alias(out);
+                at::cpu::clamp_min_out(result, aliases.alias(in), 0);
+              });
+  return true;
+}
+
+at::Tensor relu(const at::Tensor& self) {
+  if (isPhantom(self) && self.is_contiguous() &&
+      c10::isFloatingType(self.scalar_type())) {
+    const c10::DeviceGuard guard(self.device());
+    at::Tensor out = at::empty(self.sizes(), self.options());
+    if (reluQueued(self, out)) {
+      relu_counter.count();
+      return out;
+    }
+  }
+  torch::jit::Stack stack = boxed(self);
+  genericBoxed("aten::relu", "", &stack);
+  return stack.back().toTensor();
+}
+
+at::Tensor& reluInPlace(at::Tensor& self) {
+  if (isPhantom(self) && self.is_contiguous() && reluQueued(self, self)) {
+    relu_inplace_counter.count();
+    return self;
+  }
+  torch::jit::Stack stack = boxed(self);
+  genericBoxed("aten::relu_", "", &stack);
+  return self;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("add.Tensor", TORCH_FN(functional<Binary::kAdd>));
+  m.impl("add_.Tensor", TORCH_FN(inPlace<Binary::kAdd>));
+  m.impl("add.out", TORCH_FN(outForm<Binary::kAdd>));
+  m.impl("sub.Tensor", TORCH_FN(functional<Binary::kSub>));
+  m.impl("sub_.Tensor", TORCH_FN(inPlace<Binary::kSub>));
+  m.impl("sub.out", TORCH_FN(outForm<Binary::kSub>));
+  m.impl("mul.Tensor", TORCH_FN(functional2<Binary::kMul>));
+  m.impl("mul_.Tensor", TORCH_FN(inPlace2<Binary::kMul>));
+  m.impl("mul.out", TORCH_FN(outForm2<Binary::kMul>));
+  m.impl("div.Tensor", TORCH_FN(functional2<Binary::kDiv>));
+  m.impl("div_.Tensor", TORCH_FN(inPlace2<Binary::kDiv>));
+  m.impl("div.out", TORCH_FN(outForm2<Binary::kDiv>));
+  m.impl("relu", TORCH_FN(relu));
+  m.impl("relu_", TORCH_FN(reluInPlace));
+}
+
+}  // namespace phantom
