@@ -228,22 +228,6 @@ at::Tensor tryBinary(Binary op, const at::Tensor& self, const at::Tensor& other,
   return result;
 }
 
-// The generic path, for what the native path declines.
-void genericBoxed(const char* name, const char* overload,
-                  torch::jit::Stack* stack) {
-  const c10::OperatorHandle op =
-      c10::Dispatcher::singleton().findSchemaOrThrow(name, overload);
-  genericFallback(op, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), stack);
-}
-
-template <typename... Args>
-torch::jit::Stack boxed(Args&&... args) {
-  torch::jit::Stack stack;
-  stack.reserve(sizeof...(Args));
-  (stack.emplace_back(std::forward<Args>(args)), ...);
-  return stack;
-}
-
 // One native-call counter per op form, for the ops report.
 NativeOpCounter& counterFor(Binary op) {
   static NativeOpCounter counters[] = {
@@ -261,9 +245,9 @@ at::Tensor functional(const at::Tensor& self, const at::Tensor& other,
     return result;
   }
   torch::jit::Stack stack = Op == Binary::kMul || Op == Binary::kDiv
-                                ? boxed(self, other)
-                                : boxed(self, other, alpha);
-  genericBoxed(nameOf(Op), "Tensor", &stack);
+                                ? boxArguments(self, other)
+                                : boxArguments(self, other, alpha);
+  runGenericBoxed(nameOf(Op), "Tensor", &stack);
   return stack.back().toTensor();
 }
 
@@ -275,10 +259,10 @@ at::Tensor& inPlace(at::Tensor& self, const at::Tensor& other,
     return self;
   }
   torch::jit::Stack stack = Op == Binary::kMul || Op == Binary::kDiv
-                                ? boxed(self, other)
-                                : boxed(self, other, alpha);
+                                ? boxArguments(self, other)
+                                : boxArguments(self, other, alpha);
   const std::string name = std::string(nameOf(Op)) + "_";
-  genericBoxed(name.c_str(), "Tensor", &stack);
+  runGenericBoxed(name.c_str(), "Tensor", &stack);
   return self;
 }
 
@@ -290,9 +274,9 @@ at::Tensor& outForm(const at::Tensor& self, const at::Tensor& other,
     return out;
   }
   torch::jit::Stack stack = Op == Binary::kMul || Op == Binary::kDiv
-                                ? boxed(self, other, out)
-                                : boxed(self, other, alpha, out);
-  genericBoxed(nameOf(Op), "out", &stack);
+                                ? boxArguments(self, other, out)
+                                : boxArguments(self, other, alpha, out);
+  runGenericBoxed(nameOf(Op), "out", &stack);
   return out;
 }
 
@@ -341,8 +325,8 @@ at::Tensor relu(const at::Tensor& self) {
       return out;
     }
   }
-  torch::jit::Stack stack = boxed(self);
-  genericBoxed("aten::relu", "", &stack);
+  torch::jit::Stack stack = boxArguments(self);
+  runGenericBoxed("aten::relu", "", &stack);
   return stack.back().toTensor();
 }
 
@@ -351,8 +335,8 @@ at::Tensor& reluInPlace(at::Tensor& self) {
     relu_inplace_counter.count();
     return self;
   }
-  torch::jit::Stack stack = boxed(self);
-  genericBoxed("aten::relu_", "", &stack);
+  torch::jit::Stack stack = boxArguments(self);
+  runGenericBoxed("aten::relu_", "", &stack);
   return self;
 }
 

@@ -29,6 +29,25 @@ inline bool isGeneratorArgument(const c10::Argument& argument) {
 void genericFallback(const c10::OperatorHandle& op, c10::DispatchKeySet,
                      torch::jit::Stack* stack);
 
+// Runs the op `name`.`overload` through genericFallback with the boxed
+// arguments on `stack` (its results replace them). For native kernels'
+// declined cases; looks the op up by name, so not for hot paths.
+inline void runGenericBoxed(const char* name, const char* overload,
+                            torch::jit::Stack* stack) {
+  const c10::OperatorHandle op =
+      c10::Dispatcher::singleton().findSchemaOrThrow(name, overload);
+  genericFallback(op, c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                  stack);
+}
+
+template <typename... Args>
+torch::jit::Stack boxArguments(Args&&... args) {
+  torch::jit::Stack stack;
+  stack.reserve(sizeof...(Args));
+  (stack.emplace_back(std::forward<Args>(args)), ...);
+  return stack;
+}
+
 // Queues `op` on the current stream of `device` and replaces its arguments
 // on `stack` by its results. Returns nullptr on success, or (leaving the
 // stack untouched) why the op has to take the synchronous path.

@@ -1,0 +1,390 @@
+// Native kernels for structured ops whose Meta kernel is Python in torch
+// 2.13: matrix products, reductions, softmax and a few activations and
+// their backwards.
+//
+// ATen's structured ops split into a meta function (checks the arguments,
+// computes the output's shape, strides and dtype) shared by every backend,
+// and an implementation per backend. torch 2.13 registers Python Meta
+// kernels over the C++ ones for most of them (torch/_meta_registrations.py),
+// so the generic path would have to wait for the kernel instead (running
+// the Python one costs more). The C++ meta functions are still there, as
+// at::meta::<op>, and are what the CPU runs before its kernel. So here:
+//   1. the inputs are mirrored as meta tensors and at::meta::<op> gives
+//      the output: the same checks as on the CPU, raised at the call;
+//   2. the output is allocated on the device with those strides;
+//   3. at::cpu::<op>_out is queued, writing straight into the output.
+// When an argument is not a phantom tensor on the op's device (another
+// device, a CPU tensor, conj/neg bits, a sparse layout) or the meta
+// function refuses the arguments, the op goes to the generic path, which
+// raises the CPU's error or runs the CPU kernel.
+#include <phantom/Launch.h>
+#include <phantom/Stream.h>
+#include <phantom/ops/GenericPath.h>
+#include <phantom/ops/KernelAliases.h>
+#include <phantom/ops/OpsReport.h>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/EmptyTensor.h>
+#include <ATen/ops/_log_softmax_backward_data_cpu_dispatch.h>
+#include <ATen/ops/_log_softmax_backward_data_meta_dispatch.h>
+#include <ATen/ops/_log_softmax_cpu_dispatch.h>
+#include <ATen/ops/_log_softmax_meta_dispatch.h>
+#include <ATen/ops/_softmax_backward_data_cpu_dispatch.h>
+#include <ATen/ops/_softmax_backward_data_meta_dispatch.h>
+#include <ATen/ops/_softmax_cpu_dispatch.h>
+#include <ATen/ops/_softmax_meta_dispatch.h>
+#include <ATen/ops/addmm_cpu_dispatch.h>
+#include <ATen/ops/addmm_meta_dispatch.h>
+#include <ATen/ops/bmm_cpu_dispatch.h>
+#include <ATen/ops/bmm_meta_dispatch.h>
+#include <ATen/ops/empty_strided.h>
+#include <ATen/ops/gelu_backward_cpu_dispatch.h>
+#include <ATen/ops/gelu_backward_meta_dispatch.h>
+#include <ATen/ops/gelu_cpu_dispatch.h>
+#include <ATen/ops/gelu_meta_dispatch.h>
+#include <ATen/ops/mean_cpu_dispatch.h>
+#include <ATen/ops/mean_meta_dispatch.h>
+#include <ATen/ops/mm_cpu_dispatch.h>
+#include <ATen/ops/mm_meta_dispatch.h>
+#include <ATen/ops/sigmoid_backward_cpu_dispatch.h>
+#include <ATen/ops/sigmoid_backward_meta_dispatch.h>
+#include <ATen/ops/sigmoid_cpu_dispatch.h>
+#include <ATen/ops/sigmoid_meta_dispatch.h>
+#include <ATen/ops/sum_cpu_dispatch.h>
+#include <ATen/ops/sum_meta_dispatch.h>
+#include <ATen/ops/tanh_backward_cpu_dispatch.h>
+#include <ATen/ops/tanh_backward_meta_dispatch.h>
+#include <ATen/ops/tanh_cpu_dispatch.h>
+#include <ATen/ops/tanh_meta_dispatch.h>
+#include <ATen/ops/threshold_backward_cpu_dispatch.h>
+#include <ATen/ops/threshold_backward_meta_dispatch.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/util/SmallVector.h>
+#include <torch/library.h>
+
+#include <array>
+#include <optional>
+#include <string>
+#include <utility>
+
+namespace phantom {
+namespace {
+
+// The op's inputs: all phantom tensors on one device, with their meta
+// mirrors. Empty when the native path must decline.
+template <size_t N>
+struct Inputs {
+  c10::Device device{c10::DeviceType::PrivateUse1};
+  std::array<at::Tensor, N> meta;
+
+  static std::optional<Inputs> of(const std::array<const at::Tensor*, N>& tensors) {
+    Inputs result;
+    for (size_t i = 0; i < N; ++i) {
+      const at::Tensor& t = *tensors[i];
+      if (!isPhantom(t) || t.layout() != c10::kStrided || t.is_conj() ||
+          t.is_neg()) {
+        return std::nullopt;
+      }
+      if (i == 0) {
+        result.device = t.device();
+      } else if (t.device() != result.device) {
+        return std::nullopt;  // the generic path reports mixed devices
+      }
+      result.meta[i] = at::detail::empty_strided_meta(
+          t.sizes(), t.strides(), t.scalar_type(), std::nullopt, std::nullopt,
+          std::nullopt);
+    }
+    return result;
+  }
+};
+
+// Queues `kernel(out, input aliases...)` for a phantom output allocated
+// like `meta_out`. Returns the output.
+template <size_t N, typename Kernel>
+at::Tensor queueKernel(const char* name, c10::Device device,
+                       const std::array<const at::Tensor*, N>& tensors,
+                       const at::Tensor& meta_out, Kernel kernel) {
+  const c10::DeviceGuard guard(device);
+  at::Tensor out = at::empty_strided(
+      meta_out.sizes(), meta_out.strides(),
+      at::TensorOptions(meta_out.scalar_type()).device(device));
+  c10::SmallVector<DeviceTensorRef, N> refs;
+  for (const at::Tensor* t : tensors) {
+    refs.emplace_back(*t);
+  }
+  launchAsync(getCurrentPhantomStream(device.index()), name,
+              [out_ref = DeviceTensorRef(out), refs = std::move(refs),
+               kernel = std::move(kernel)] {
+                KernelAliases aliases;
+                at::Tensor result = aliases.alias(out_ref);
+                std::array<at::Tensor, N> in;
+                for (size_t i = 0; i < N; ++i) {
+                  in[i] = aliases.alias(refs[i]);
+                }
+                kernel(result, in);
+              });
+  return out;
+}
+
+// The native path for one op: meta first (declining if it refuses), then
+// the queued kernel. `fallback` builds the boxed arguments for the
+// generic path.
+template <size_t N, typename Meta, typename Kernel, typename Box>
+at::Tensor runStructured(NativeOpCounter& counter, const char* overload,
+                         const std::array<const at::Tensor*, N>& tensors,
+                         Meta meta, Kernel kernel, Box box) {
+  if (std::optional<Inputs<N>> inputs = Inputs<N>::of(tensors)) {
+    std::optional<at::Tensor> meta_out;
+    try {
+      meta_out = meta(inputs->meta);
+    } catch (const c10::Error&) {
+      // Refused: the generic path raises the CPU kernel's own error.
+    }
+    if (meta_out) {
+      counter.count();
+      return queueKernel<N>(counter.op(), inputs->device, tensors, *meta_out,
+                            std::move(kernel));
+    }
+  }
+  torch::jit::Stack stack = box();
+  runGenericBoxed(counter.op(), overload, &stack);
+  return stack.back().toTensor();
+}
+
+using T = at::Tensor;
+template <size_t N>
+using Metas = std::array<at::Tensor, N>;
+
+// --- matrix products -----------------------------------------------------
+
+NativeOpCounter mm_counter("aten::mm");
+T mm(const T& self, const T& mat2) {
+  return runStructured<2>(
+      mm_counter, "", {&self, &mat2},
+      [](const Metas<2>& m) { return at::meta::mm(m[0], m[1]); },
+      [](T& out, const Metas<2>& in) { at::cpu::mm_out(out, in[0], in[1]); },
+      [&] { return boxArguments(self, mat2); });
+}
+
+NativeOpCounter bmm_counter("aten::bmm");
+T bmm(const T& self, const T& mat2) {
+  return runStructured<2>(
+      bmm_counter, "", {&self, &mat2},
+      [](const Metas<2>& m) { return at::meta::bmm(m[0], m[1]); },
+      [](T& out, const Metas<2>& in) { at::cpu::bmm_out(out, in[0], in[1]); },
+      [&] { return boxArguments(self, mat2); });
+}
+
+NativeOpCounter addmm_counter("aten::addmm");
+T addmm(const T& self, const T& mat1, const T& mat2, const at::Scalar& beta,
+        const at::Scalar& alpha) {
+  return runStructured<3>(
+      addmm_counter, "", {&self, &mat1, &mat2},
+      [&](const Metas<3>& m) {
+        return at::meta::addmm(m[0], m[1], m[2], beta, alpha);
+      },
+      [beta, alpha](T& out, const Metas<3>& in) {
+        at::cpu::addmm_out(out, in[0], in[1], in[2], beta, alpha);
+      },
+      [&] { return boxArguments(self, mat1, mat2, beta, alpha); });
+}
+
+// --- reductions ----------------------------------------------------------
+
+// The dims to reduce over, owned (the queued kernel outlives the call).
+std::optional<c10::SmallVector<int64_t, 4>> ownDims(at::OptionalIntArrayRef dim) {
+  if (!dim.has_value()) {
+    return std::nullopt;
+  }
+  return c10::SmallVector<int64_t, 4>(dim->begin(), dim->end());
+}
+
+at::OptionalIntArrayRef viewDims(
+    const std::optional<c10::SmallVector<int64_t, 4>>& dims) {
+  if (!dims) {
+    return std::nullopt;
+  }
+  return at::IntArrayRef(*dims);
+}
+
+NativeOpCounter sum_counter("aten::sum");
+T sum(const T& self, at::OptionalIntArrayRef dim, bool keepdim,
+      std::optional<at::ScalarType> dtype) {
+  return runStructured<1>(
+      sum_counter, "dim_IntList", {&self},
+      [&](const Metas<1>& m) { return at::meta::sum(m[0], dim, keepdim, dtype); },
+      [dims = ownDims(dim), keepdim, dtype](T& out, const Metas<1>& in) {
+        at::cpu::sum_out(out, in[0], viewDims(dims), keepdim, dtype);
+      },
+      [&] { return boxArguments(self, dim, keepdim, dtype); });
+}
+
+NativeOpCounter mean_counter("aten::mean");
+T mean(const T& self, at::OptionalIntArrayRef dim, bool keepdim,
+       std::optional<at::ScalarType> dtype) {
+  return runStructured<1>(
+      mean_counter, "dim", {&self},
+      [&](const Metas<1>& m) { return at::meta::mean(m[0], dim, keepdim, dtype); },
+      [dims = ownDims(dim), keepdim, dtype](T& out, const Metas<1>& in) {
+        at::cpu::mean_out(out, in[0], viewDims(dims), keepdim, dtype);
+      },
+      [&] { return boxArguments(self, dim, keepdim, dtype); });
+}
+
+// --- softmax -------------------------------------------------------------
+
+NativeOpCounter softmax_counter("aten::_softmax");
+T softmax(const T& self, int64_t dim, bool half_to_float) {
+  return runStructured<1>(
+      softmax_counter, "", {&self},
+      [&](const Metas<1>& m) { return at::meta::_softmax(m[0], dim, half_to_float); },
+      [dim, half_to_float](T& out, const Metas<1>& in) {
+        at::cpu::_softmax_out(out, in[0], dim, half_to_float);
+      },
+      [&] { return boxArguments(self, dim, half_to_float); });
+}
+
+NativeOpCounter log_softmax_counter("aten::_log_softmax");
+T logSoftmax(const T& self, int64_t dim, bool half_to_float) {
+  return runStructured<1>(
+      log_softmax_counter, "", {&self},
+      [&](const Metas<1>& m) {
+        return at::meta::_log_softmax(m[0], dim, half_to_float);
+      },
+      [dim, half_to_float](T& out, const Metas<1>& in) {
+        at::cpu::_log_softmax_out(out, in[0], dim, half_to_float);
+      },
+      [&] { return boxArguments(self, dim, half_to_float); });
+}
+
+NativeOpCounter softmax_backward_counter("aten::_softmax_backward_data");
+T softmaxBackward(const T& grad_output, const T& output, int64_t dim,
+                  at::ScalarType input_dtype) {
+  return runStructured<2>(
+      softmax_backward_counter, "", {&grad_output, &output},
+      [&](const Metas<2>& m) {
+        return at::meta::_softmax_backward_data(m[0], m[1], dim, input_dtype);
+      },
+      [dim, input_dtype](T& out, const Metas<2>& in) {
+        at::cpu::_softmax_backward_data_out(out, in[0], in[1], dim, input_dtype);
+      },
+      [&] { return boxArguments(grad_output, output, dim, input_dtype); });
+}
+
+NativeOpCounter log_softmax_backward_counter("aten::_log_softmax_backward_data");
+T logSoftmaxBackward(const T& grad_output, const T& output, int64_t dim,
+                     at::ScalarType input_dtype) {
+  return runStructured<2>(
+      log_softmax_backward_counter, "", {&grad_output, &output},
+      [&](const Metas<2>& m) {
+        return at::meta::_log_softmax_backward_data(m[0], m[1], dim, input_dtype);
+      },
+      [dim, input_dtype](T& out, const Metas<2>& in) {
+        at::cpu::_log_softmax_backward_data_out(out, in[0], in[1], dim,
+                                                input_dtype);
+      },
+      [&] { return boxArguments(grad_output, output, dim, input_dtype); });
+}
+
+// --- activations and their backwards ------------------------------------
+
+NativeOpCounter sigmoid_counter("aten::sigmoid");
+T sigmoid(const T& self) {
+  return runStructured<1>(
+      sigmoid_counter, "", {&self},
+      [](const Metas<1>& m) { return at::meta::sigmoid(m[0]); },
+      [](T& out, const Metas<1>& in) { at::cpu::sigmoid_out(out, in[0]); },
+      [&] { return boxArguments(self); });
+}
+
+NativeOpCounter tanh_counter("aten::tanh");
+T tanh(const T& self) {
+  return runStructured<1>(
+      tanh_counter, "", {&self},
+      [](const Metas<1>& m) { return at::meta::tanh(m[0]); },
+      [](T& out, const Metas<1>& in) { at::cpu::tanh_out(out, in[0]); },
+      [&] { return boxArguments(self); });
+}
+
+NativeOpCounter gelu_counter("aten::gelu");
+T gelu(const T& self, c10::string_view approximate) {
+  return runStructured<1>(
+      gelu_counter, "", {&self},
+      [&](const Metas<1>& m) { return at::meta::gelu(m[0], approximate); },
+      [approximate = std::string(approximate)](T& out, const Metas<1>& in) {
+        at::cpu::gelu_out(out, in[0], approximate);
+      },
+      [&] { return boxArguments(self, approximate); });
+}
+
+NativeOpCounter threshold_backward_counter("aten::threshold_backward");
+T thresholdBackward(const T& grad_output, const T& self,
+                    const at::Scalar& threshold) {
+  return runStructured<2>(
+      threshold_backward_counter, "", {&grad_output, &self},
+      [&](const Metas<2>& m) {
+        return at::meta::threshold_backward(m[0], m[1], threshold);
+      },
+      [threshold](T& out, const Metas<2>& in) {
+        at::cpu::threshold_backward_out(out, in[0], in[1], threshold);
+      },
+      [&] { return boxArguments(grad_output, self, threshold); });
+}
+
+NativeOpCounter sigmoid_backward_counter("aten::sigmoid_backward");
+T sigmoidBackward(const T& grad_output, const T& output) {
+  return runStructured<2>(
+      sigmoid_backward_counter, "", {&grad_output, &output},
+      [](const Metas<2>& m) { return at::meta::sigmoid_backward(m[0], m[1]); },
+      [](T& out, const Metas<2>& in) {
+        at::cpu::sigmoid_backward_out(out, in[0], in[1]);
+      },
+      [&] { return boxArguments(grad_output, output); });
+}
+
+NativeOpCounter tanh_backward_counter("aten::tanh_backward");
+T tanhBackward(const T& grad_output, const T& output) {
+  return runStructured<2>(
+      tanh_backward_counter, "", {&grad_output, &output},
+      [](const Metas<2>& m) { return at::meta::tanh_backward(m[0], m[1]); },
+      [](T& out, const Metas<2>& in) {
+        at::cpu::tanh_backward_out(out, in[0], in[1]);
+      },
+      [&] { return boxArguments(grad_output, output); });
+}
+
+NativeOpCounter gelu_backward_counter("aten::gelu_backward");
+T geluBackward(const T& grad_output, const T& self, c10::string_view approximate) {
+  return runStructured<2>(
+      gelu_backward_counter, "", {&grad_output, &self},
+      [&](const Metas<2>& m) {
+        return at::meta::gelu_backward(m[0], m[1], approximate);
+      },
+      [approximate = std::string(approximate)](T& out, const Metas<2>& in) {
+        at::cpu::gelu_backward_out(out, in[0], in[1], approximate);
+      },
+      [&] { return boxArguments(grad_output, self, approximate); });
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("mm", TORCH_FN(mm));
+  m.impl("bmm", TORCH_FN(bmm));
+  m.impl("addmm", TORCH_FN(addmm));
+  m.impl("sum.dim_IntList", TORCH_FN(sum));
+  m.impl("mean.dim", TORCH_FN(mean));
+  m.impl("_softmax", TORCH_FN(softmax));
+  m.impl("_log_softmax", TORCH_FN(logSoftmax));
+  m.impl("_softmax_backward_data", TORCH_FN(softmaxBackward));
+  m.impl("_log_softmax_backward_data", TORCH_FN(logSoftmaxBackward));
+  m.impl("sigmoid", TORCH_FN(sigmoid));
+  m.impl("tanh", TORCH_FN(tanh));
+  m.impl("gelu", TORCH_FN(gelu));
+  m.impl("threshold_backward", TORCH_FN(thresholdBackward));
+  m.impl("sigmoid_backward", TORCH_FN(sigmoidBackward));
+  m.impl("tanh_backward", TORCH_FN(tanhBackward));
+  m.impl("gelu_backward", TORCH_FN(geluBackward));
+}
+
+}  // namespace phantom

@@ -1,0 +1,117 @@
+"""Native kernels for structured ops (ops/Structured.cpp): matrix products,
+reductions, softmax and activations. Each is checked to take the native
+path (it only queues), to give the CPU's answer bit for bit, forward and
+backward, and to raise the CPU's error at the call for bad arguments."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_phantom
+
+P = torch.phantom
+
+
+def _native(op):
+    return sum(r["native"] for r in torch_phantom.ops_report() if r["op"] == op)
+
+
+def _rand(*shape, dtype=torch.float32):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(sum(shape)), dtype=dtype)
+
+
+CASES = [
+    ("aten::mm", lambda a, b, c: a @ b.t(), ((6, 5), (4, 5), (4,))),
+    ("aten::bmm", lambda a, b, c: torch.bmm(a, b), ((3, 4, 5), (3, 5, 2), (2,))),
+    ("aten::addmm", lambda a, b, c: torch.addmm(c, a, b, beta=0.5, alpha=2.0),
+     ((6, 5), (5, 3), (3,))),
+    ("aten::addmm", lambda a, b, c: F.linear(a, b, c), ((6, 5), (3, 5), (3,))),
+    ("aten::sum", lambda a, b, c: a.sum(), ((6, 5), (1,), (1,))),
+    ("aten::sum", lambda a, b, c: a.sum(dim=(0, 2), keepdim=True), ((3, 4, 5), (1,), (1,))),
+    ("aten::mean", lambda a, b, c: a.mean(dim=1), ((6, 5), (1,), (1,))),
+    ("aten::_softmax", lambda a, b, c: a.softmax(-1), ((6, 5), (1,), (1,))),
+    ("aten::_log_softmax", lambda a, b, c: F.log_softmax(a, dim=0), ((6, 5), (1,), (1,))),
+    ("aten::sigmoid", lambda a, b, c: torch.sigmoid(a), ((6, 5), (1,), (1,))),
+    ("aten::tanh", lambda a, b, c: torch.tanh(a), ((6, 5), (1,), (1,))),
+    ("aten::gelu", lambda a, b, c: F.gelu(a, approximate="tanh"), ((6, 5), (1,), (1,))),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{c[0][6:]}-{i}" for i, c in enumerate(CASES)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_structured_ops_are_native_and_match_cpu(case, dtype):
+    op, fn, shapes = case
+    cpu = [_rand(*s, dtype=dtype) for s in shapes]
+    expected = fn(*cpu)
+    before = _native(op)
+    got = fn(*[t.to("phantom") for t in cpu])
+    assert _native(op) > before, f"{op} did not take the native kernel"
+    assert got.dtype == expected.dtype and got.shape == expected.shape
+    assert got.stride() == expected.stride()
+    assert torch.equal(got.cpu(), expected)
+
+
+@pytest.mark.parametrize("op,fn", [
+    ("aten::_softmax_backward_data", lambda x: x.softmax(-1)),
+    ("aten::_log_softmax_backward_data", lambda x: x.log_softmax(0)),
+    ("aten::threshold_backward", torch.relu),
+    ("aten::sigmoid_backward", torch.sigmoid),
+    ("aten::tanh_backward", torch.tanh),
+    ("aten::gelu_backward", F.gelu),
+])
+def test_structured_backwards_are_native_and_match_cpu(op, fn):
+    x_cpu = _rand(7, 6).requires_grad_()
+    w = _rand(7, 6)
+    (fn(x_cpu) * w).sum().backward()
+    x = x_cpu.detach().to("phantom").requires_grad_()
+    before = _native(op)
+    (fn(x) * w.to("phantom")).sum().backward()
+    assert _native(op) > before, f"{op} did not take the native kernel"
+    assert torch.equal(x.grad.cpu(), x_cpu.grad)
+
+
+def test_structured_ops_only_queue_their_kernel():
+    a = torch.randn(64, 64, device="phantom")
+    P.synchronize()
+    stream = P.Stream()
+    with P.stream(stream):
+        P.faults.set_latency_us(20000)  # every kernel now takes >= 20 ms
+        try:
+            out = a @ a
+            pending = not stream.query()
+        finally:
+            P.faults.set_latency_us(0)
+    assert pending, "mm waited for its kernel instead of queueing it"
+    stream.synchronize()
+    assert torch.equal(out.cpu(), a.cpu() @ a.cpu())
+
+
+def test_structured_ops_raise_the_cpus_error_at_the_call():
+    a, b = torch.randn(3, 4), torch.randn(5, 6)
+    with pytest.raises(RuntimeError) as cpu_error:
+        a @ b
+    with pytest.raises(RuntimeError) as phantom_error:
+        a.to("phantom") @ b.to("phantom")
+    assert str(phantom_error.value) == str(cpu_error.value)
+    with pytest.raises(IndexError, match="Dimension out of range"):
+        torch.randn(3, device="phantom").softmax(5)
+    with pytest.raises(RuntimeError, match="same device"):
+        torch.randn(3, 3, device="phantom") @ torch.randn(3, 3)
+    if P.device_count() > 1:
+        with pytest.raises(RuntimeError, match="same device"):
+            torch.randn(3, 3, device="phantom:0") @ torch.randn(3, 3, device="phantom:1")
+    # Nothing was queued that fails later: the device is still clean.
+    P.synchronize()
+    x = torch.randn(4, 4)
+    assert torch.equal((x.to("phantom") @ x.to("phantom")).cpu(), x @ x)
+
+
+def test_structured_ops_on_integer_and_strided_inputs_match_cpu():
+    i = torch.arange(12).reshape(3, 4)
+    assert torch.equal(i.to("phantom").sum(0).cpu(), i.sum(0))
+    assert i.to("phantom").sum().dtype == torch.int64
+    t = _rand(5, 7)
+    got = t.to("phantom").t().softmax(0)
+    expected = t.t().softmax(0)
+    assert got.stride() == expected.stride()
+    assert torch.equal(got.cpu(), expected)
+    assert torch.equal((t.to("phantom").t() @ t.to("phantom")).cpu(), t.t() @ t)
