@@ -16,7 +16,10 @@
 // result dtype; every phantom input on the op's device; outputs of exactly
 // the broadcast shape and result dtype, dense and not partly overlapping an
 // input; for fresh outputs, contiguous inputs (the CPU kernel would give a
-// fresh output the layout of strided inputs). A CPU scalar (a Python number,
+// fresh output the layout of strided inputs). Functional calls outside
+// these cases (integer results, strided inputs) take their output from
+// ATen's C++ meta function instead (at::meta::add, ...), which also makes
+// the CPU's argument checks at the call. A CPU scalar (a Python number,
 // or a 0-dim CPU tensor) is read when the op is called, as CUDA passes it
 // by value to the kernel. Every other case goes to the generic path
 // (Fallback.cpp), which keeps the CPU's behaviour, errors included.
@@ -31,13 +34,19 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ExpandUtils.h>
 #include <ATen/native/TypeProperties.h>
+#include <ATen/EmptyTensor.h>
 #include <ATen/ops/add_cpu_dispatch.h>
+#include <ATen/ops/add_meta_dispatch.h>
 #include <ATen/ops/clamp_min_cpu_dispatch.h>
 #include <ATen/ops/div_cpu_dispatch.h>
+#include <ATen/ops/div_meta_dispatch.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/empty_strided.h>
 #include <ATen/ops/mul_cpu_dispatch.h>
+#include <ATen/ops/mul_meta_dispatch.h>
 #include <ATen/ops/scalar_tensor.h>
 #include <ATen/ops/sub_cpu_dispatch.h>
+#include <ATen/ops/sub_meta_dispatch.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
@@ -236,10 +245,64 @@ NativeOpCounter& counterFor(Binary op) {
   return counters[static_cast<int>(op)];
 }
 
+// A meta tensor with `t`'s geometry and dtype; CPU scalars stay as they are
+// (TensorIterator accepts them next to tensors of any device).
+at::Tensor metaOf(const at::Tensor& t) {
+  if (!isPhantom(t)) {
+    return t;
+  }
+  return at::detail::empty_strided_meta(t.sizes(), t.strides(), t.scalar_type(),
+                                        std::nullopt, std::nullopt, std::nullopt);
+}
+
+at::Tensor metaResult(Binary op, const at::Tensor& a, const at::Tensor& b,
+                      const at::Scalar& alpha) {
+  switch (op) {
+    case Binary::kAdd: return at::meta::add(a, b, alpha);
+    case Binary::kSub: return at::meta::sub(a, b, alpha);
+    case Binary::kMul: return at::meta::mul(a, b);
+    case Binary::kDiv: return at::meta::div(a, b);
+  }
+  return {};
+}
+
+// Functional forms the fast checks decline (integer or bool results,
+// strided inputs): ATen's C++ meta function gives the output, with the
+// layout the CPU kernel would give it, and makes the CPU's checks. The
+// CPU kernel of a functional op that passed them cannot fail. Undefined:
+// declined (arguments the meta function refuses, other devices).
+at::Tensor tryBinaryByMeta(Binary op, const at::Tensor& self,
+                           const at::Tensor& other, const at::Scalar& alpha) {
+  const std::optional<c10::Device> device = deviceOf({self, other});
+  if (!device) {
+    return {};
+  }
+  std::optional<Input> a = Input::from(self, *device);
+  std::optional<Input> b = Input::from(other, *device);
+  if (!a || !b) {
+    return {};
+  }
+  at::Tensor meta;
+  try {
+    meta = metaResult(op, metaOf(self), metaOf(other), alpha);
+  } catch (const c10::Error&) {
+    return {};  // the generic path raises the CPU's own error
+  }
+  const c10::DeviceGuard guard(*device);
+  at::Tensor result = at::empty_strided(
+      meta.sizes(), meta.strides(),
+      at::TensorOptions(meta.scalar_type()).device(*device));
+  queueBinary(op, result, std::move(*a), std::move(*b), alpha, *device);
+  return result;
+}
+
 template <Binary Op>
 at::Tensor functional(const at::Tensor& self, const at::Tensor& other,
                       const at::Scalar& alpha) {
   at::Tensor result = tryBinary(Op, self, other, alpha, {}, false);
+  if (!result.defined()) {
+    result = tryBinaryByMeta(Op, self, other, alpha);
+  }
   if (result.defined()) {
     counterFor(Op).count();
     return result;

@@ -589,6 +589,33 @@ def test_hot_elementwise_cpu_scalars_promote_as_on_cpu_and_are_read_at_the_call(
     assert torch.equal(out.cpu(), y.cpu() * 3.0)
 
 
+def test_integer_and_strided_binary_ops_are_native_with_the_cpus_layout():
+    i = torch.arange(12).reshape(3, 4)
+    t = torch.randn(4, 6)
+    cases = [
+        ("aten::add", lambda a, b: a + 3),          # integer result
+        ("aten::mul", lambda a, b: a * a),
+        ("aten::div", lambda a, b: a / 2),           # integer inputs, float result
+        ("aten::add", lambda a, b: b.t() + 1),       # strided input
+        ("aten::mul", lambda a, b: b.t() * b.t()),
+        ("aten::sub", lambda a, b: b[:, ::2] - 0.5),
+    ]
+    for op, fn in cases:
+        expected = fn(i, t)
+        before = _native_calls(op)
+        got = fn(i.to("phantom"), t.to("phantom"))
+        assert _native_calls(op) > before, f"{op} did not take the native kernel"
+        assert got.dtype == expected.dtype and got.stride() == expected.stride()
+        assert torch.equal(got.cpu(), expected)
+    # What the CPU refuses is refused at the call, with the CPU's message.
+    b = torch.tensor([True, False])
+    with pytest.raises(RuntimeError) as cpu_error:
+        b - b
+    with pytest.raises(RuntimeError) as phantom_error:
+        b.to("phantom") - b.to("phantom")
+    assert str(phantom_error.value) == str(cpu_error.value)
+
+
 def test_relu_matches_cpu_bit_for_bit_on_special_values():
     x = torch.tensor([float("nan"), -0.0, 0.0, -1.0, 2.0, float("-inf"), float("inf")])
     for fn in (torch.relu, lambda t: t.clone().relu_(), torch.nn.functional.relu):
