@@ -1,4 +1,5 @@
-// native_dropout draws its mask with the device's generator.
+// native_dropout draws its mask with the device's generator;
+// native_dropout_backward is queued.
 //
 // aten::native_dropout has no Generator argument, so on the generic path
 // its CPU kernel would draw from the CPU's default generator: phantom
@@ -9,6 +10,7 @@
 // draws with the same seed.
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty_like.h>
+#include <ATen/ops/mul.h>
 #include <ATen/ops/ones_like.h>
 #include <torch/library.h>
 
@@ -38,10 +40,19 @@ std::tuple<at::Tensor, at::Tensor> nativeDropout(const at::Tensor& input,
   return std::make_tuple(output, mask);
 }
 
+// The CPU's native_dropout_backward is these two products; written in ops
+// they are queued (Elementwise.cpp), where the generic path would wait
+// (its Meta kernel is Python).
+at::Tensor nativeDropoutBackward(const at::Tensor& grad, const at::Tensor& mask,
+                                 double scale) {
+  return at::mul(at::mul(grad, mask), scale);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("native_dropout", TORCH_FN(nativeDropout));
+  m.impl("native_dropout_backward", TORCH_FN(nativeDropoutBackward));
 }
 
 }  // namespace phantom

@@ -115,3 +115,16 @@ def test_structured_ops_on_integer_and_strided_inputs_match_cpu():
     assert got.stride() == expected.stride()
     assert torch.equal(got.cpu(), expected)
     assert torch.equal((t.to("phantom").t() @ t.to("phantom")).cpu(), t.t() @ t)
+
+
+def test_dropout_backward_is_queued_and_matches_cpu():
+    x_cpu = _rand(8, 16).requires_grad_()
+    torch.manual_seed(3)
+    F.dropout(x_cpu, p=0.3).pow(2).sum().backward()
+    x = x_cpu.detach().to("phantom").requires_grad_()
+    torch.manual_seed(3)
+    torch_phantom.reset_ops_report()
+    F.dropout(x, p=0.3).pow(2).sum().backward()
+    rows = {r["op"]: r for r in torch_phantom.ops_report()}
+    assert "aten::native_dropout_backward" not in rows, "took the generic path"
+    assert torch.equal(x.grad.cpu(), x_cpu.grad)
