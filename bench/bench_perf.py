@@ -70,6 +70,7 @@ TARGETS = {
     "copies": (">=", 0.9),
 }
 SCALING_JUDGED_ABOVE = 10**6
+SETTLE_S = 0.02  # pause before each timed sample
 
 
 def sync(device):
@@ -89,7 +90,8 @@ def generic_path_calls(run):
     torch.phantom.synchronize()
     rows = torch_phantom.ops_report()
     torch_phantom.reset_ops_report()
-    return {"async": sum(r["async"] for r in rows), "sync": sum(r["sync"] for r in rows)}
+    return {"native": sum(r["native"] for r in rows),
+            "async": sum(r["async"] for r in rows), "sync": sum(r["sync"] for r in rows)}
 
 
 # --- timing -------------------------------------------------------------------
@@ -106,6 +108,10 @@ def time_case(make, reps, min_sample_s, inner=None):
     def sample(device, k):
         run = runs[device]
         sync(device)
+        # Let the other device's OpenMP threads finish spinning at their
+        # barrier (OpenMP's default wait policy spins for a while) so they
+        # do not steal a core from this sample.
+        time.sleep(SETTLE_S)
         start = time.perf_counter()
         for _ in range(k):
             run()
@@ -190,8 +196,8 @@ def bench_small_ops(args, results):
                  size=1000, inner=1,
                  extra={"ops_per_chain": ops, "generic_calls": calls})
     print(f"  per op: phantom {row['phantom_s'] / ops * 1e9:.0f} ns, "
-          f"cpu {row['cpu_s'] / ops * 1e9:.0f} ns; generic path: "
-          f"{calls['sync']} sync, {calls['async']} async calls per chain")
+          f"cpu {row['cpu_s'] / ops * 1e9:.0f} ns; per chain: {calls['native']} native, "
+          f"{calls['async']} async, {calls['sync']} sync calls")
 
 
 # --- 2. scaling ---------------------------------------------------------------
@@ -283,6 +289,47 @@ def bench_large_ops(args, results):
 
 # --- 4. training steps --------------------------------------------------------
 
+# A training step on the CPU in a process where phantom has run nothing: a
+# reference only (the judged ratio is the in-process one). Once phantom's
+# stream worker has run a parallel kernel, the process has two OpenMP
+# thread pools; libgomp then counts more threads than cores and makes
+# every pool's threads sleep at barriers instead of spinning, which costs
+# the CPU's own small parallel ops a wake-up each.
+_CPU_ALONE_CHILD = r"""
+import json, sys, time, torch
+sys.path.insert(0, sys.argv[3])
+import train_models
+spec = train_models.MODELS[sys.argv[1]]
+torch.manual_seed(0)
+model = spec.make_model(); model.train()
+optimizer = spec.optimizer(list(model.parameters()))
+batch = spec.make_batches(1, torch.Generator().manual_seed(1))[0]
+def step():
+    optimizer.zero_grad()
+    spec.loss(model(*batch.inputs), batch.target).backward()
+    optimizer.step()
+n = int(sys.argv[2])
+for _ in range(5): step()
+samples = []
+for _ in range(5):
+    start = time.perf_counter()
+    for _ in range(n): step()
+    samples.append((time.perf_counter() - start) / n)
+samples.sort()
+print(json.dumps(samples[2]))
+"""
+
+
+def cpu_alone_step_s(name, n):
+    examples = str(pathlib.Path(__file__).resolve().parent.parent / "examples")
+    try:
+        out = subprocess.run([sys.executable, "-c", _CPU_ALONE_CHILD, name, str(n), examples],
+                             capture_output=True, text=True, timeout=600)
+        return json.loads(out.stdout.strip().splitlines()[-1])
+    except (subprocess.SubprocessError, ValueError, IndexError) as error:
+        print(f"  (cpu-alone child for {name} failed: {error})")
+        return None
+
 
 def bench_training(args, results):
     """Forward, backward and optimizer step of the models of
@@ -307,10 +354,14 @@ def bench_training(args, results):
                 optimizer.step()
             return step
         calls = generic_path_calls(make(PHANTOM))
-        record(results, "training", name, make, args,
-               extra={"model": name, "generic_calls": calls})
-        print(f"    generic path per step: {calls['sync']} sync, "
-              f"{calls['async']} async calls")
+        row = record(results, "training", name, make, args,
+                     extra={"model": name, "generic_calls": calls})
+        alone = cpu_alone_step_s(name, max(1, row["inner"]))
+        row["cpu_alone_s"] = alone
+        reference = (f"{fmt_time(alone)} (phantom / that: {row['phantom_s'] / alone:.2f})"
+                     if alone else "?")
+        print(f"    per step: {calls['native']} native, {calls['async']} async, "
+              f"{calls['sync']} sync calls; CPU alone in its own process: {reference}")
 
 
 # --- 5. copies ----------------------------------------------------------------

@@ -101,13 +101,19 @@ def markdown(data):
         part = [r for r in rows if r["benchmark"] == bench]
         if not part:
             continue
-        print(f"| {bench} | phantom | CPU | phantom/CPU | target |")
-        print("|---|---:|---:|---:|---|")
+        alone = bench == "training" and any(r.get("cpu_alone_s") for r in part)
+        print(f"| {bench} | phantom | CPU | phantom/CPU | target |"
+              + (" CPU alone (own process) | phantom/that |" if alone else ""))
+        print("|---|---:|---:|---:|---|" + ("---:|---:|" if alone else ""))
         for r in part:
             target = r.get("target") or "(not judged)"
             met = "" if "met" not in r else (" met" if r["met"] else " **not met**")
+            extra = ""
+            if alone:
+                a = r.get("cpu_alone_s")
+                extra = (f" {fmt(a)} | {r['phantom_s'] / a:.2f} |" if a else " ? | ? |")
             print(f"| {r['case']} | {fmt(r['phantom_s'])} | {fmt(r['cpu_s'])} | "
-                  f"{r['ratio']:.2f} | {target}{met} |")
+                  f"{r['ratio']:.2f} | {target}{met} |" + extra)
         print()
     part = [r for r in rows if r["benchmark"] == "copies"]
     if part:
