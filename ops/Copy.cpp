@@ -12,8 +12,10 @@
 //                    and with non_blocking=True the call returns at once.
 //   Pinned blocks used by a non_blocking transfer are recorded with the
 //   host allocator (recordPinnedUse): freeing them at once is safe.
-//   same device      a copy kernel on the current stream (any dtype, any
-//                    strides, broadcasting), returns at once.
+//   same device      on the current stream, returning at once: the driver's
+//                    device-to-device transfer for two buffers of the same
+//                    dense layout, else a copy kernel (any dtype, any
+//                    strides, broadcasting, overlapping views).
 //   across devices   staged dense on the source device, then a blocking
 //                    device-to-device transfer after both devices' current
 //                    streams have finished their earlier work.
@@ -158,6 +160,16 @@ void copyDeviceToHost(const at::Tensor& src, const at::Tensor& dst,
 
 void copyOnDevice(const at::Tensor& src, const at::Tensor& dst) {
   const c10::DeviceGuard guard(dst.device());
+  if (sameDenseLayout(src, dst) && !src.storage().is_alias_of(dst.storage())) {
+    // One run of bytes between two buffers: the driver's copy (a memcpy),
+    // not a copy kernel (which would split a large copy across threads).
+    const PhantomStream stream = getCurrentPhantomStream(dst.device().index());
+    const ph_stream_t handle = stream.handle();
+    stream.check(ph_memcpy_async(dst.data_ptr(), src.const_data_ptr(),
+                                 byteSize(dst), PH_MEMCPY_DEVICE_TO_DEVICE, handle),
+                 handle);
+    return;
+  }
   launchAsync(getCurrentPhantomStream(dst.device().index()), "aten::copy_",
               [from = DeviceTensorRef(src), to = DeviceTensorRef(dst)] {
                 KernelAliases aliases;
