@@ -78,6 +78,14 @@ at::Tensor KernelAliases::alias(const at::Tensor& tensor) {
   if (!tensor.defined()) {
     return tensor;
   }
+  // One tensor passed twice (x.logical_and_(y) runs logical_and.out(x, y,
+  // out=x)) is one CPU tensor twice: kernels test identity (is_same) to
+  // tell an in-place write from an out= one, and an in-place result must
+  // not be resized to the broadcast shape.
+  const auto known = by_impl_.find(tensor.unsafeGetTensorImpl());
+  if (known != by_impl_.end()) {
+    return tensors_[known->second].cpu;
+  }
   const DeviceTensorRef ref(tensor);
   const void* key = ref.storage_data != nullptr
                         ? ref.storage_data
@@ -88,6 +96,7 @@ at::Tensor KernelAliases::alias(const at::Tensor& tensor) {
     entry.phantom = tensor.storage();
   }
   at::Tensor cpu = makeAlias(entry, ref);
+  by_impl_.emplace(tensor.unsafeGetTensorImpl(), tensors_.size());
   tensors_.push_back(Aliased{tensor, cpu, &entry});
   return cpu;
 }
