@@ -141,10 +141,20 @@ void KernelAliases::writeBack() {
         aliased.entry->cpu.unsafeGetStorageImpl()) {
       adoptStorage(phantom, cpu);
     }
+    c10::TensorImpl* impl = phantom.unsafeGetTensorImpl();
     if (phantom.sizes() != cpu.sizes() || phantom.strides() != cpu.strides() ||
         phantom.storage_offset() != cpu.storage_offset()) {
-      phantom.unsafeGetTensorImpl()->set_sizes_and_strides(
-          cpu.sizes(), cpu.strides(), cpu.storage_offset());
+      impl->set_sizes_and_strides(cpu.sizes(), cpu.strides(),
+                                  cpu.storage_offset());
+    }
+    // Lazy conjugation and negation are part of the value: a kernel may
+    // leave its out= result conjugated (linalg_lu_solve with left=False
+    // does), and the memory is only right read through that bit.
+    if (phantom.is_conj() != cpu.is_conj()) {
+      impl->_set_conj(cpu.is_conj());
+    }
+    if (phantom.is_neg() != cpu.is_neg()) {
+      impl->_set_neg(cpu.is_neg());
     }
   }
 }

@@ -26,7 +26,8 @@
 // also support mapping results back: phantomStorageOf finds the phantom
 // storage a CPU result lives in, and writeBack carries a kernel's resizes
 // of out= arguments back (an alias storage is resizable, backed by the CPU
-// allocator; a grown one is moved into a new device buffer).
+// allocator; a grown one is moved into a new device buffer), and the
+// conjugate and negative bits a kernel set on them.
 #pragma once
 
 #include <ATen/core/Tensor.h>
