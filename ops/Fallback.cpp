@@ -261,9 +261,9 @@ void genericFallback(const c10::OperatorHandle& op, c10::DispatchKeySet,
     return value != nullptr && std::strcmp(value, "1") == 0;
   }();
   // An op whose CPU entry is a composite kernel (registered for every
-  // backend, not for CPU: mode.values, conj_physical_; see the bottom of
-  // this file) has to be called through the dispatch table, which only the
-  // synchronous half does (callCpuKernel).
+  // backend, not for CPU: addr_, mode.values, conj_physical_; see the
+  // bottom of this file) has to be called through the dispatch table,
+  // which only the synchronous half below does.
   const bool composite_cpu_kernel =
       !op.hasKernelForDispatchKey(c10::DispatchKey::CPU);
   const char* sync_reason = "PHANTOM_SYNC_GENERIC=1";
