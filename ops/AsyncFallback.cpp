@@ -67,12 +67,21 @@ bool takesGenerator(const c10::FunctionSchema& schema) {
   return false;
 }
 
-// Mirrors phantom tensors as meta tensors, keeping storage sharing.
+// Mirrors phantom tensors as meta tensors, keeping storage sharing and
+// identity: a tensor passed twice (self and out of an in-place op routed
+// through its out= form) is mirrored once, so the Meta kernel sees an
+// output that is also an input and refuses, as the CPU kernel does, to
+// resize it to the broadcast shape.
 class MetaMirror {
  public:
   at::Tensor mirror(const at::Tensor& tensor) {
     if (!isPhantom(tensor)) {
       return tensor;
+    }
+    for (const auto& [phantom, meta] : pairs_) {
+      if (phantom.unsafeGetTensorImpl() == tensor.unsafeGetTensorImpl()) {
+        return meta;
+      }
     }
     const c10::StorageImpl* key = tensor.storage().unsafeGetStorageImpl();
     auto it = storages_.find(key);

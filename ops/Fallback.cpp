@@ -262,8 +262,16 @@ void genericFallback(const c10::OperatorHandle& op, c10::DispatchKeySet,
     const char* value = std::getenv("PHANTOM_SYNC_GENERIC");
     return value != nullptr && std::strcmp(value, "1") == 0;
   }();
+  // An op whose CPU entry is a composite kernel (registered for every
+  // backend, not for CPU: addr_, mode.values, conj_physical_; see the
+  // bottom of this file) has to be called through the dispatch table,
+  // which only the synchronous half below does.
+  const bool composite_cpu_kernel =
+      !op.hasKernelForDispatchKey(c10::DispatchKey::CPU);
   const char* sync_reason = "PHANTOM_SYNC_GENERIC=1";
-  if (!force_sync) {
+  if (composite_cpu_kernel) {
+    sync_reason = "its CPU kernel is a composite, run on the CPU aliases";
+  } else if (!force_sync) {
     sync_reason = runGenericAsync(op, stack, device);
     if (sync_reason == nullptr) {
       recordOpPath(schema.name(), OpPath::kGenericAsync);
@@ -282,7 +290,14 @@ void genericFallback(const c10::OperatorHandle& op, c10::DispatchKeySet,
       kernel_stack.push_back(toKernelArgument(args[i], schema.arguments()[i],
                                               device.index(), aliases));
     }
-    op.callBoxedForDispatchKey(c10::DispatchKey::CPU, kernel_stack);
+    if (composite_cpu_kernel) {
+      // callBoxedForDispatchKey only finds kernels registered for CPU
+      // itself; the dispatch table also holds the composite one.
+      op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU),
+                         &kernel_stack);
+    } else {
+      op.callBoxedForDispatchKey(c10::DispatchKey::CPU, kernel_stack);
+    }
     aliases.writeBack();
     const ResultMapper mapper(aliases, args, device);
     results.reserve(kernel_stack.size());
@@ -301,14 +316,30 @@ TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
 }
 
 // Ops whose CompositeExplicitAutograd kernel would otherwise be chosen for
-// PrivateUse1 over the boxed fallback: a decomposition into many small ops,
-// slower and not bit-identical to the CPU kernel. Route them to the CPU
-// kernel like every other op.
+// PrivateUse1 over the boxed fallback (a backend-specific kernel wins over
+// the fallback, and a CompositeExplicitAutograd kernel counts as one for
+// every backend). Route them to the CPU kernel like every other op:
+//   native_layer_norm, native_group_norm, addr, addr.out: a decomposition
+//     into many small ops, slower and not bit-identical to the CPU's fused
+//     kernel (addr on float16/bfloat16 rounds each step: 1 ulp off);
+//   addr_: its composite calls addr.out(self, out=self), and the CPU
+//     kernel tells in-place from out= by the address of the Tensor object
+//     (a 0-d self must then raise, not be resized to the outer product),
+//     which no boxed call can carry; run on the CPU aliases, the composite
+//     passes the one alias twice, as on the CPU;
+//   mode.values: checks that the device is CPU, CUDA or XPU and refuses
+//     phantom; its CPU kernel is this very composite, which on CPU aliases
+//     passes the check;
+//   conj_physical_: calls a DispatchStub directly with phantom tensors,
+//     which has no phantom entry ("DispatchStub: missing kernel").
+// The generic path runs each op's computed CPU kernel, which for the ops
+// without a CPU kernel of their own is the same composite, over CPU aliases.
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  m.impl("native_layer_norm",
-         torch::CppFunction::makeFromBoxedFunction<&genericFallback>());
-  m.impl("native_group_norm",
-         torch::CppFunction::makeFromBoxedFunction<&genericFallback>());
+  for (const char* name :
+       {"native_layer_norm", "native_group_norm", "addr", "addr.out",
+        "addr_", "mode.values", "conj_physical_"}) {
+    m.impl(name, torch::CppFunction::makeFromBoxedFunction<&genericFallback>());
+  }
 }
 
 }  // namespace phantom

@@ -78,6 +78,14 @@ at::Tensor KernelAliases::alias(const at::Tensor& tensor) {
   if (!tensor.defined()) {
     return tensor;
   }
+  // One tensor passed twice (x.logical_and_(y) runs logical_and.out(x, y,
+  // out=x)) is one CPU tensor twice: kernels test identity (is_same) to
+  // tell an in-place write from an out= one, and an in-place result must
+  // not be resized to the broadcast shape.
+  const auto known = by_impl_.find(tensor.unsafeGetTensorImpl());
+  if (known != by_impl_.end()) {
+    return tensors_[known->second].cpu;
+  }
   const DeviceTensorRef ref(tensor);
   const void* key = ref.storage_data != nullptr
                         ? ref.storage_data
@@ -88,6 +96,7 @@ at::Tensor KernelAliases::alias(const at::Tensor& tensor) {
     entry.phantom = tensor.storage();
   }
   at::Tensor cpu = makeAlias(entry, ref);
+  by_impl_.emplace(tensor.unsafeGetTensorImpl(), tensors_.size());
   tensors_.push_back(Aliased{tensor, cpu, &entry});
   return cpu;
 }
@@ -132,10 +141,20 @@ void KernelAliases::writeBack() {
         aliased.entry->cpu.unsafeGetStorageImpl()) {
       adoptStorage(phantom, cpu);
     }
+    c10::TensorImpl* impl = phantom.unsafeGetTensorImpl();
     if (phantom.sizes() != cpu.sizes() || phantom.strides() != cpu.strides() ||
         phantom.storage_offset() != cpu.storage_offset()) {
-      phantom.unsafeGetTensorImpl()->set_sizes_and_strides(
-          cpu.sizes(), cpu.strides(), cpu.storage_offset());
+      impl->set_sizes_and_strides(cpu.sizes(), cpu.strides(),
+                                  cpu.storage_offset());
+    }
+    // Lazy conjugation and negation are part of the value: a kernel may
+    // leave its out= result conjugated (linalg_lu_solve with left=False
+    // does), and the memory is only right read through that bit.
+    if (phantom.is_conj() != cpu.is_conj()) {
+      impl->_set_conj(cpu.is_conj());
+    }
+    if (phantom.is_neg() != cpu.is_neg()) {
+      impl->_set_neg(cpu.is_neg());
     }
   }
 }

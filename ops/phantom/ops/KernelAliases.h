@@ -9,7 +9,12 @@
 //
 // Storages are aliased once per KernelAliases (keyed by device address):
 // two phantom views of one storage become two CPU views of one CPU storage,
-// so the CPU kernels' overlap checks see the aliasing a user created.
+// so the CPU kernels' overlap checks see the aliasing a user created. And a
+// tensor is aliased once: the same phantom tensor passed as two arguments
+// (self and out of an in-place op routed through its out= form) is the same
+// CPU tensor twice, so kernels that test identity (TensorIterator treats an
+// output that is also an input as read-write and refuses to resize it)
+// behave as on the CPU.
 //
 // Queued kernels hold DeviceTensorRefs, not tensors: like a kernel on real
 // hardware they keep no reference to the memory they use. Whether that
@@ -21,7 +26,8 @@
 // also support mapping results back: phantomStorageOf finds the phantom
 // storage a CPU result lives in, and writeBack carries a kernel's resizes
 // of out= arguments back (an alias storage is resizable, backed by the CPU
-// allocator; a grown one is moved into a new device buffer).
+// allocator; a grown one is moved into a new device buffer), and the
+// conjugate and negative bits a kernel set on them.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -83,6 +89,9 @@ class KernelAliases {
     Entry* entry;
   };
   std::vector<Aliased> tensors_;
+  // Index in tensors_ of each phantom tensor aliased, so that a tensor
+  // passed twice (in-place ops: self and out) gets one CPU alias.
+  std::unordered_map<const c10::TensorImpl*, size_t> by_impl_;
   std::unordered_map<const void*, Entry> by_key_;
   std::unordered_map<const c10::StorageImpl*, const Entry*> by_cpu_;
 };
