@@ -319,7 +319,7 @@ TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
 // PrivateUse1 over the boxed fallback (a backend-specific kernel wins over
 // the fallback, and a CompositeExplicitAutograd kernel counts as one for
 // every backend). Route them to the CPU kernel like every other op:
-//   native_layer_norm, native_group_norm, addr, addr.out: a decomposition
+//   native_group_norm, addr, addr.out: a decomposition
 //     into many small ops, slower and not bit-identical to the CPU's fused
 //     kernel (addr on float16/bfloat16 rounds each step: 1 ulp off);
 //   addr_: its composite calls addr.out(self, out=self), and the CPU
@@ -334,9 +334,11 @@ TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
 //     which has no phantom entry ("DispatchStub: missing kernel").
 // The generic path runs each op's computed CPU kernel, which for the ops
 // without a CPU kernel of their own is the same composite, over CPU aliases.
+// (native_layer_norm has a native kernel, LayerNorm.cpp, which sends the
+// cases it declines here.)
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   for (const char* name :
-       {"native_layer_norm", "native_group_norm", "addr", "addr.out",
+       {"native_group_norm", "addr", "addr.out",
         "addr_", "mode.values", "conj_physical_"}) {
     m.impl(name, torch::CppFunction::makeFromBoxedFunction<&genericFallback>());
   }

@@ -128,3 +128,48 @@ def test_dropout_backward_is_queued_and_matches_cpu():
     rows = {r["op"]: r for r in torch_phantom.ops_report()}
     assert "aten::native_dropout_backward" not in rows, "took the generic path"
     assert torch.equal(x.grad.cpu(), x_cpu.grad)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("affine", [True, False])
+def test_layer_norm_forward_and_backward_are_queued_and_match_cpu(dtype, affine):
+    x_cpu = _rand(4, 3, 8, dtype=dtype).requires_grad_()
+    ln_cpu = torch.nn.LayerNorm(8, elementwise_affine=affine, dtype=dtype)
+    if affine:
+        with torch.no_grad():
+            ln_cpu.weight.copy_(_rand(8, dtype=dtype))
+            ln_cpu.bias.copy_(_rand(8, dtype=dtype) * 0.1)
+    ln = torch.nn.LayerNorm(8, elementwise_affine=affine, dtype=dtype, device="phantom")
+    ln.load_state_dict(ln_cpu.state_dict())
+    grad = _rand(4, 3, 8, dtype=dtype)
+    y_cpu = ln_cpu(x_cpu)
+    y_cpu.backward(grad)
+    x = x_cpu.detach().to("phantom").requires_grad_()
+    before = (_native("aten::native_layer_norm"), _native("aten::native_layer_norm_backward"))
+    y = ln(x)
+    y.backward(grad.to("phantom"))
+    after = (_native("aten::native_layer_norm"), _native("aten::native_layer_norm_backward"))
+    assert after[0] > before[0] and after[1] > before[1], "layer norm waited for the device"
+    assert torch.equal(y.detach().cpu(), y_cpu.detach())
+    assert torch.equal(x.grad.cpu(), x_cpu.grad)
+    if affine:
+        assert torch.equal(ln.weight.grad.cpu(), ln_cpu.weight.grad)
+        assert torch.equal(ln.bias.grad.cpu(), ln_cpu.bias.grad)
+    # The statistics have the CPU's shapes, strides and values.
+    got = torch.native_layer_norm(x.detach(), (8,), None, None, 1e-5)
+    expected = torch.native_layer_norm(x_cpu.detach(), (8,), None, None, 1e-5)
+    for g, e in zip(got, expected):
+        assert g.shape == e.shape and g.stride() == e.stride() and g.dtype == e.dtype
+        assert torch.equal(g.cpu(), e)
+
+
+def test_layer_norm_refuses_what_the_cpu_refuses_at_the_call():
+    x = torch.randn(4, 6)
+    for args in (((5,), None, None), ((6,), torch.randn(5), None)):
+        with pytest.raises(RuntimeError) as cpu_error:
+            torch.native_layer_norm(x, *args, 1e-5)
+        moved = [a.to("phantom") if isinstance(a, torch.Tensor) else a for a in args]
+        with pytest.raises(RuntimeError) as phantom_error:
+            torch.native_layer_norm(x.to("phantom"), *moved, 1e-5)
+        assert str(phantom_error.value) == str(cpu_error.value)
+    P.synchronize()
