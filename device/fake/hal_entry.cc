@@ -148,10 +148,7 @@ ph_status_t SubmitHostTask(const char* function, ph_stream_t handle,
     Task task;
     task.kind = TaskKind::kHostFunc;
     task.name = copy.name != nullptr ? copy.name : "(unnamed)";
-    task.run = [copy](char* error, size_t error_size) {
-      return copy.run(copy.user_data, error, error_size);
-    };
-    task.release = release;
+    task.host = copy;  // run and released by the stream (Task::host)
     return submit(*stream, std::move(task));
   } catch (...) {
     release();
@@ -510,7 +507,7 @@ ph_status_t ph_run_host_func(ph_stream_t handle,
     return SubmitHostTask(
         "ph_run_host_func", handle, host_task, [](Stream& stream, Task task) {
           if (CurrentStream() == &stream) {
-            if (task.release) task.release();
+            task.Release();
             return Fail(PH_ERROR_INVALID_ARGUMENT,
                         "ph_run_host_func: called from work running on the "
                         "same stream, which would wait for itself");

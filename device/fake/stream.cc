@@ -79,8 +79,8 @@ void Stream::Execute(Task task, std::unique_lock<std::mutex>& lock) {
 
   ph_status_t status = PH_SUCCESS;
   char error[kTaskErrorBytes] = "";
-  if (!skip && task.run) status = task.run(error, sizeof error);
-  if (task.release) task.release();
+  if (!skip) status = task.Run(error, sizeof error);
+  task.Release();
   const char* name = task.name != nullptr ? task.name : "(unnamed)";
   std::string message;
   if (status != PH_SUCCESS) {
@@ -114,7 +114,7 @@ ph_status_t Stream::RunNow(Task task) {
   const ph_status_t refusal = RefusalLocked(true, &message);
   if (refusal != PH_SUCCESS) {
     lock.unlock();
-    if (task.release) task.release();
+    task.Release();
     return Fail(refusal, std::move(message));
   }
   const bool idle = queue_.empty() && completed_ == enqueued_ &&
@@ -150,7 +150,7 @@ ph_status_t Stream::Enqueue(Task task, bool refuse_when_sticky,
       return PH_SUCCESS;
     }
   }
-  if (task.release) task.release();
+  task.Release();
   return Fail(refusal, std::move(message));
 }
 

@@ -71,11 +71,29 @@ struct Task {
   std::function<void()> release;
   // Event markers run even on a sticky stream so waiters are released.
   bool runs_when_sticky = false;
+  // A host function (ph_launch_host_func, ph_run_host_func) is kept as the
+  // caller's plain struct instead of being wrapped in `run` and `release`:
+  // no allocation per launch. Used when `run` is empty.
+  ph_host_task_t host{};
   // Called as the task counts as completed, under the stream lock (so it
   // must be quick and must not call back into the stream): an event is
   // reached exactly when the stream's query and synchronize say the marker
   // finished. Lock order: stream, then the event record's mutex.
   std::function<void()> on_complete;
+
+  ph_status_t Run(char* error, size_t error_size) {
+    if (run) return run(error, error_size);
+    return host.run != nullptr ? host.run(host.user_data, error, error_size)
+                               : PH_SUCCESS;
+  }
+  // Exactly once per task: after Run, or instead of it.
+  void Release() {
+    if (release) {
+      release();
+    } else if (host.release != nullptr) {
+      host.release(host.user_data);
+    }
+  }
 };
 
 class Stream {
