@@ -1,6 +1,6 @@
 // Native kernels for structured ops whose Meta kernel is Python in torch
-// 2.13: matrix products, reductions, softmax and a few activations and
-// their backwards.
+// 2.13: matrix products, reductions, softmax, a few activations and their
+// backwards, and cat.
 //
 // ATen's structured ops split into a meta function (checks the arguments,
 // computes the output's shape, strides and dtype) shared by every backend,
@@ -37,6 +37,8 @@
 #include <ATen/ops/addmm_meta_dispatch.h>
 #include <ATen/ops/bmm_cpu_dispatch.h>
 #include <ATen/ops/bmm_meta_dispatch.h>
+#include <ATen/ops/cat_cpu_dispatch.h>
+#include <ATen/ops/cat_meta_dispatch.h>
 #include <ATen/ops/empty_strided.h>
 #include <ATen/ops/gelu_backward_cpu_dispatch.h>
 #include <ATen/ops/gelu_backward_meta_dispatch.h>
@@ -66,6 +68,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 namespace phantom {
 namespace {
@@ -366,9 +369,67 @@ T geluBackward(const T& grad_output, const T& self, c10::string_view approximate
       [&] { return boxArguments(grad_output, self, approximate); });
 }
 
+// --- concatenation (a list of inputs) -------------------------------------
+
+NativeOpCounter cat_counter("aten::cat");
+T cat(const at::ITensorListRef& tensors, int64_t dim) {
+  std::vector<at::Tensor> inputs;
+  std::vector<at::Tensor> metas;
+  std::optional<c10::Device> device;
+  bool ours = true;
+  for (const at::Tensor& t : tensors) {
+    inputs.push_back(t);
+    if (!isPhantom(t) || t.layout() != c10::kStrided || t.is_conj() ||
+        t.is_neg() || (device && t.device() != *device)) {
+      ours = false;
+      continue;
+    }
+    device = t.device();
+    metas.push_back(at::detail::empty_strided_meta(
+        t.sizes(), t.strides(), t.scalar_type(), std::nullopt, std::nullopt,
+        std::nullopt));
+  }
+  std::optional<at::Tensor> meta_out;
+  if (ours && device) {
+    try {
+      meta_out = at::meta::cat(metas, dim);
+    } catch (const c10::Error&) {
+      // Refused: the generic path raises the CPU kernel's own error.
+    }
+  }
+  if (!meta_out) {
+    torch::jit::Stack stack = boxArguments(c10::List<at::Tensor>(inputs), dim);
+    runGenericBoxed("aten::cat", "", &stack);
+    return stack.back().toTensor();
+  }
+  cat_counter.count();
+  const c10::DeviceGuard guard(*device);
+  at::Tensor out = at::empty_strided(
+      meta_out->sizes(), meta_out->strides(),
+      at::TensorOptions(meta_out->scalar_type()).device(*device));
+  std::vector<DeviceTensorRef> refs;
+  refs.reserve(inputs.size());
+  for (const at::Tensor& t : inputs) {
+    refs.emplace_back(t);
+  }
+  launchAsync(getCurrentPhantomStream(device->index()), cat_counter.op(),
+              [out_ref = DeviceTensorRef(out), refs = std::move(refs), dim] {
+                KernelAliases aliases;
+                std::vector<at::Tensor> in;
+                in.reserve(refs.size());
+                for (const DeviceTensorRef& ref : refs) {
+                  in.push_back(aliases.alias(ref));
+                }
+                at::Tensor result = aliases.alias(out_ref);
+                at::cpu::cat_out(result, in, dim);
+              });
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("cat", TORCH_FN(cat));
   m.impl("mm", TORCH_FN(mm));
   m.impl("bmm", TORCH_FN(bmm));
   m.impl("addmm", TORCH_FN(addmm));

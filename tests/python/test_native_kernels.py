@@ -173,3 +173,23 @@ def test_layer_norm_refuses_what_the_cpu_refuses_at_the_call():
             torch.native_layer_norm(x.to("phantom"), *moved, 1e-5)
         assert str(phantom_error.value) == str(cpu_error.value)
     P.synchronize()
+
+
+def test_cat_is_native_and_matches_cpu_with_promotion_and_empties():
+    a, b = _rand(2, 3), _rand(4, 3, dtype=torch.float64)
+    empty = torch.empty(0)
+    for parts, dim in (((a, a), 0), ((a, b), 0), ((a, empty, a), 0), ((a.t(), a.t()), 1)):
+        expected = torch.cat(parts, dim)
+        before = _native("aten::cat")
+        got = torch.cat([p.to("phantom") for p in parts], dim)
+        assert _native("aten::cat") > before
+        assert got.dtype == expected.dtype and got.stride() == expected.stride()
+        assert torch.equal(got.cpu(), expected)
+    with pytest.raises(RuntimeError) as cpu_error:
+        torch.cat([a, _rand(2, 4)], 0)
+    with pytest.raises(RuntimeError) as phantom_error:
+        torch.cat([a.to("phantom"), _rand(2, 4).to("phantom")], 0)
+    assert str(phantom_error.value) == str(cpu_error.value)
+    with pytest.raises(RuntimeError, match="same device"):
+        torch.cat([a.to("phantom"), a], 0)
+    P.synchronize()
