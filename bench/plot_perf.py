@@ -103,7 +103,7 @@ def markdown(data):
             continue
         alone = bench == "training" and any(r.get("cpu_alone_s") for r in part)
         print(f"| {bench} | phantom | CPU | phantom/CPU | target |"
-              + (" CPU alone (own process) | phantom/that |" if alone else ""))
+              + (" CPU alone (own process, OpenMP default) | phantom/that |" if alone else ""))
         print("|---|---:|---:|---:|---|" + ("---:|---:|" if alone else ""))
         for r in part:
             target = r.get("target") or "(not judged)"
