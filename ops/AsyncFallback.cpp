@@ -40,7 +40,9 @@
 #include <ATen/EmptyTensor.h>
 #include <ATen/ops/empty_strided.h>
 #include <c10/core/TensorImpl.h>
+#include <c10/util/SmallVector.h>
 
+#include <algorithm>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -148,6 +150,18 @@ class MetaMirror {
     }
     auto it = by_meta_.find(meta.storage().unsafeGetStorageImpl());
     return it == by_meta_.end() ? nullptr : &it->second->phantom;
+  }
+
+  // True when the Meta kernel changed a mirror's geometry (an out=
+  // argument of the wrong shape).
+  bool anyResized() const {
+    for (const auto& [phantom, meta] : pairs_) {
+      if (phantom.sizes() != meta.sizes() || phantom.strides() != meta.strides() ||
+          phantom.storage_offset() != meta.storage_offset()) {
+        return true;
+      }
+    }
+    return false;
   }
 
   // Applies to phantom arguments the resizes the Meta kernel made to their
@@ -326,16 +340,270 @@ void queueCpuKernel(const c10::OperatorHandle& op,
       });
 }
 
+// --- Remembered Meta results --------------------------------------------
+//
+// In torch 2.13 most core ops have a Python Meta kernel, slower than
+// waiting for the CPU kernel. But a program repeats itself: a training
+// step calls the same ops on tensors of the same shapes every step. So for
+// those ops the outputs' metadata is remembered per call signature (the
+// op, every tensor argument's dtype, sizes, strides, offset and storage
+// sharing, every other argument's value). The first call with a signature
+// waits (synchronous path); the second runs the Python Meta kernel once,
+// waits too, and remembers the Meta kernel's outputs if they are exactly
+// what the CPU kernel returned (verifyRemembered); later calls are queued
+// with the remembered outputs. Only outputs that are fresh tensors or an argument itself (in-
+// place, out=) are remembered; a signature whose Meta kernel fails (data-
+// dependent shapes), resizes an argument or returns a view is remembered
+// as "wait". Arguments the Meta kernel would have refused are not in the
+// memo: a remembered signature passed the kernel's checks before.
+
+struct RememberedOutput {
+  enum class Kind { kUndefined, kArgument, kFresh } kind = Kind::kUndefined;
+  size_t argument = 0;  // kArgument: index among the op's arguments
+  c10::ScalarType dtype = c10::kFloat;
+  c10::SmallVector<int64_t, 5> sizes;
+  c10::SmallVector<int64_t, 5> strides;
+};
+
+struct Remembered {
+  int calls = 0;         // calls seen with this signature
+  bool usable = false;   // outputs below are valid
+  bool verifying = false;  // outputs below await the CPU kernel's check
+  bool wait = false;     // the signature must take the synchronous path
+  std::vector<RememberedOutput> outputs;  // flattened
+  std::vector<int> returns;  // per return: -1 tensor, n >= 0 list of n
+};
+
+constexpr size_t kMaxRemembered = 1 << 14;
+
+std::mutex& memoMutex() {
+  static std::mutex mutex;
+  return mutex;
+}
+std::unordered_map<std::string, Remembered>& memo() {
+  static auto* table = new std::unordered_map<std::string, Remembered>();
+  return *table;
+}
+
+template <typename T>
+void put(std::string& key, const T& value) {
+  key.append(reinterpret_cast<const char*>(&value), sizeof value);
+}
+
+// Appends `t`'s signature; `storages` numbers the storages seen so far.
+void putTensor(std::string& key, const at::Tensor& t,
+               std::vector<const c10::StorageImpl*>& storages) {
+  if (!t.defined()) {
+    key += 'u';
+    return;
+  }
+  key += isPhantom(t) ? 'P' : 'C';
+  put(key, static_cast<int16_t>(t.device().index()));
+  put(key, static_cast<int8_t>(t.scalar_type()));
+  put(key, static_cast<int8_t>(t.layout()));
+  put(key, static_cast<uint8_t>(t.is_conj() | (t.is_neg() << 1) |
+                                (t.unsafeGetTensorImpl()->is_wrapped_number() << 2)));
+  put(key, static_cast<int32_t>(t.dim()));
+  for (int64_t v : t.sizes()) put(key, v);
+  if (t.layout() == c10::kStrided) {
+    for (int64_t v : t.strides()) put(key, v);
+    put(key, t.storage_offset());
+    const c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+    const auto it = std::find(storages.begin(), storages.end(), storage);
+    put(key, static_cast<int32_t>(it - storages.begin()));
+    if (it == storages.end()) storages.push_back(storage);
+  }
+}
+
+// The call signature of `op` on `args`, or false for an argument kind the
+// memo does not know (then the call waits, as without it).
+bool signatureOf(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
+                 std::string* key) {
+  key->reserve(256);
+  put(*key, &op.schema());
+  std::vector<const c10::StorageImpl*> storages;
+  for (const c10::IValue& arg : args) {
+    if (arg.isTensor()) {
+      putTensor(*key, arg.toTensor(), storages);
+    } else if (arg.isTensorList()) {
+      *key += 'L';
+      put(*key, arg.toTensorList().size());
+      for (const at::Tensor& t : arg.toTensorList()) putTensor(*key, t, storages);
+    } else if (arg.isOptionalTensorList()) {
+      *key += 'O';
+      for (const std::optional<at::Tensor>& t : arg.toOptionalTensorList()) {
+        if (t.has_value()) putTensor(*key, *t, storages); else *key += 'n';
+      }
+    } else if (arg.isNone()) {
+      *key += 'N';
+    } else if (arg.isInt()) {
+      *key += 'I';
+      put(*key, arg.toInt());
+    } else if (arg.isDouble()) {
+      *key += 'D';
+      put(*key, arg.toDouble());
+    } else if (arg.isBool()) {
+      *key += arg.toBool() ? 'T' : 'F';
+    } else if (arg.isIntList()) {
+      *key += 'i';
+      for (int64_t v : arg.toIntList()) put(*key, v);
+      *key += ';';
+    } else if (arg.isString()) {
+      *key += 'S';
+      *key += arg.toStringRef();
+      *key += '\0';
+    } else if (arg.isDevice()) {
+      *key += 'V';
+      put(*key, static_cast<int16_t>(arg.toDevice().type()));
+      put(*key, static_cast<int16_t>(arg.toDevice().index()));
+    } else if (arg.isBoolList()) {
+      *key += 'b';
+      for (bool v : arg.toBoolList()) *key += v ? '1' : '0';
+      *key += ';';
+    } else {
+      return false;  // complex scalars, generators, other lists
+    }
+  }
+  return true;
+}
+
+// Queues `op` with remembered outputs and puts its results on `stack`.
+void runRemembered(const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                   const Remembered& remembered, c10::Device device) {
+  const size_t num_args = op.schema().arguments().size();
+  const c10::ArrayRef<c10::IValue> args = torch::jit::last(stack, num_args);
+  std::vector<at::Tensor> results;
+  std::vector<std::pair<size_t, DeviceTensorRef>> fresh;
+  for (size_t i = 0; i < remembered.outputs.size(); ++i) {
+    const RememberedOutput& out = remembered.outputs[i];
+    switch (out.kind) {
+      case RememberedOutput::Kind::kUndefined:
+        results.emplace_back();
+        break;
+      case RememberedOutput::Kind::kArgument:
+        results.push_back(args[out.argument].toTensor());
+        break;
+      case RememberedOutput::Kind::kFresh:
+        results.push_back(at::empty_strided(
+            out.sizes, out.strides, at::TensorOptions(out.dtype).device(device)));
+        fresh.emplace_back(i, DeviceTensorRef(results.back()));
+        break;
+    }
+  }
+  queueCpuKernel(op, args, std::move(fresh), device);
+  torch::jit::drop(stack, num_args);
+  size_t next = 0;
+  for (int n : remembered.returns) {
+    if (n < 0) {
+      stack->push_back(results[next++]);
+    } else {
+      c10::List<at::Tensor> list;
+      for (int i = 0; i < n; ++i) list.push_back(results[next++]);
+      stack->push_back(std::move(list));
+    }
+  }
+}
+
+// What the Meta kernel gave, as remembered outputs; false when it cannot
+// be remembered (a view, a resize, an argument inside a list).
+bool rememberable(const MetaMirror& mirror, c10::ArrayRef<c10::IValue> args,
+                  const torch::jit::Stack& meta_stack, Remembered* out) {
+  if (mirror.anyResized()) return false;
+  for (const c10::IValue& value : meta_stack) {
+    std::vector<at::Tensor> metas;
+    if (value.isTensor()) {
+      out->returns.push_back(-1);
+      metas.push_back(value.toTensor());
+    } else if (value.isTensorList()) {
+      out->returns.push_back(static_cast<int>(value.toTensorList().size()));
+      flatten(value, metas);
+    } else {
+      return false;
+    }
+    for (const at::Tensor& meta : metas) {
+      RememberedOutput result;
+      if (!meta.defined()) {
+        result.kind = RememberedOutput::Kind::kUndefined;
+      } else if (const at::Tensor* argument = mirror.argumentFor(meta)) {
+        result.kind = RememberedOutput::Kind::kArgument;
+        size_t i = 0;
+        while (i < args.size() &&
+               !(args[i].isTensor() && args[i].toTensor().unsafeGetTensorImpl() ==
+                                           argument->unsafeGetTensorImpl())) {
+          ++i;
+        }
+        if (i == args.size()) return false;
+        result.argument = i;
+      } else if (mirror.storageFor(meta) != nullptr) {
+        return false;
+      } else {
+        result.kind = RememberedOutput::Kind::kFresh;
+        result.dtype = meta.scalar_type();
+        result.sizes.assign(meta.sizes().begin(), meta.sizes().end());
+        result.strides.assign(meta.strides().begin(), meta.strides().end());
+      }
+      out->outputs.push_back(std::move(result));
+    }
+  }
+  return true;
+}
+
 }  // namespace
 
+void verifyRemembered(const std::string& signature,
+                      c10::ArrayRef<c10::IValue> args,
+                      c10::ArrayRef<c10::IValue> results) {
+  std::lock_guard<std::mutex> lock(memoMutex());
+  auto it = memo().find(signature);
+  if (it == memo().end() || !it->second.verifying) {
+    return;
+  }
+  Remembered& entry = it->second;
+  entry.verifying = false;
+  bool same = results.size() == entry.returns.size();
+  std::vector<at::Tensor> real;
+  for (size_t i = 0; same && i < results.size(); ++i) {
+    const c10::IValue& value = results[i];
+    if (entry.returns[i] < 0) {
+      same = value.isTensor();
+    } else {
+      same = value.isTensorList() &&
+             value.toTensorList().size() == static_cast<size_t>(entry.returns[i]);
+    }
+    if (same) {
+      flatten(value, real);
+    }
+  }
+  same = same && real.size() == entry.outputs.size();
+  for (size_t i = 0; same && i < real.size(); ++i) {
+    const RememberedOutput& want = entry.outputs[i];
+    const at::Tensor& got = real[i];
+    switch (want.kind) {
+      case RememberedOutput::Kind::kUndefined:
+        same = !got.defined();
+        break;
+      case RememberedOutput::Kind::kArgument:
+        same = got.defined() && args[want.argument].isTensor() &&
+               args[want.argument].toTensor().unsafeGetTensorImpl() ==
+                   got.unsafeGetTensorImpl();
+        break;
+      case RememberedOutput::Kind::kFresh:
+        same = got.defined() && got.scalar_type() == want.dtype &&
+               got.sizes() == c10::IntArrayRef(want.sizes) &&
+               got.strides() == c10::IntArrayRef(want.strides);
+        break;
+    }
+  }
+  entry.usable = same;
+  entry.wait = !same;
+}
+
 const char* runGenericAsync(const c10::OperatorHandle& op,
-                            torch::jit::Stack* stack, c10::Device device) {
+                            torch::jit::Stack* stack, c10::Device device,
+                            std::string* verify_signature) {
   const c10::FunctionSchema& schema = op.schema();
   if (!op.hasComputedKernelForDispatchKey(c10::DispatchKey::Meta)) {
     return "no Meta kernel to compute its outputs ahead";
-  }
-  if (!hasNativeMetaKernel(op)) {
-    return "its Meta kernel is Python (slower than waiting)";
   }
   if (takesGenerator(schema)) {
     return "draws random numbers (the generator is consumed in host order)";
@@ -347,6 +615,39 @@ const char* runGenericAsync(const c10::OperatorHandle& op,
   }
   const size_t num_args = schema.arguments().size();
   const c10::ArrayRef<c10::IValue> args = torch::jit::last(stack, num_args);
+
+  // A Python Meta kernel: its results are remembered per call signature.
+  std::string signature;
+  if (!hasNativeMetaKernel(op)) {
+    constexpr const char* kPython =
+        "its Meta kernel is Python (slower than waiting; a call signature "
+        "seen twice is remembered)";
+    if (!signatureOf(op, args, &signature)) {
+      return kPython;
+    }
+    std::lock_guard<std::mutex> lock(memoMutex());
+    auto it = memo().find(signature);
+    if (it == memo().end()) {
+      if (memo().size() < kMaxRemembered) {
+        memo()[signature].calls = 1;
+      }
+      return kPython;
+    }
+    Remembered& remembered = it->second;
+    remembered.calls += 1;
+    if (remembered.wait) {
+      return "its Meta kernel cannot compute the outputs ahead for this call "
+             "signature (data-dependent, a view or a resize)";
+    }
+    if (remembered.usable) {
+      runRemembered(op, stack, remembered, device);
+      return nullptr;
+    }
+    if (remembered.verifying) {
+      return kPython;  // another thread is checking this signature
+    }
+    // Second call: the Meta kernel's answer, checked against the CPU's.
+  }
 
   // 1. Outputs' metadata, from the Meta kernel.
   MetaMirror mirror;
@@ -360,7 +661,31 @@ const char* runGenericAsync(const c10::OperatorHandle& op,
   } catch (const std::exception&) {
     // Data-dependent shapes, or a Meta kernel stricter than the CPU's: the
     // synchronous path runs the CPU kernel and reports its real error.
+    if (!signature.empty()) {
+      std::lock_guard<std::mutex> lock(memoMutex());
+      memo()[signature].wait = true;
+    }
     return "its Meta kernel cannot compute the outputs (data-dependent)";
+  }
+  if (!signature.empty()) {
+    // Remembered only once the synchronous path has shown that the CPU
+    // kernel's real outputs are what the Meta kernel said (Python Meta
+    // kernels describe the general case: for _embedding_bag's fast path
+    // the CPU returns an empty offset2bag where the Meta kernel gives one
+    // of the indices' length).
+    Remembered remembered;
+    const bool ok = rememberable(mirror, args, meta_stack, &remembered);
+    std::lock_guard<std::mutex> lock(memoMutex());
+    Remembered& entry = memo()[signature];
+    entry.wait = !ok;
+    entry.verifying = ok;
+    entry.outputs = std::move(remembered.outputs);
+    entry.returns = std::move(remembered.returns);
+    if (ok && verify_signature != nullptr) {
+      *verify_signature = std::move(signature);
+    }
+    return "its Meta kernel is Python (this call checks its outputs against "
+           "the CPU kernel's)";
   }
 
   // 2. Outputs on the device, on the host, before anything runs.

@@ -269,10 +269,11 @@ void genericFallback(const c10::OperatorHandle& op, c10::DispatchKeySet,
   const bool composite_cpu_kernel =
       !op.hasKernelForDispatchKey(c10::DispatchKey::CPU);
   const char* sync_reason = "PHANTOM_SYNC_GENERIC=1";
+  std::string verify_signature;  // set when the results check a Meta answer
   if (composite_cpu_kernel) {
     sync_reason = "its CPU kernel is a composite, run on the CPU aliases";
   } else if (!force_sync) {
-    sync_reason = runGenericAsync(op, stack, device);
+    sync_reason = runGenericAsync(op, stack, device, &verify_signature);
     if (sync_reason == nullptr) {
       recordOpPath(schema.name(), OpPath::kGenericAsync);
       return;
@@ -305,6 +306,9 @@ void genericFallback(const c10::OperatorHandle& op, c10::DispatchKeySet,
       results.push_back(mapper.map(result));
     }
   });
+  if (!verify_signature.empty()) {
+    verifyRemembered(verify_signature, args, results);
+  }
   torch::jit::drop(stack, num_args);
   for (c10::IValue& result : results) {
     stack->push_back(std::move(result));

@@ -14,6 +14,8 @@ What a user relies on:
   step computes the same loss as an undisturbed one.
 """
 
+import gc
+
 import pytest
 import torch
 import torch_phantom
@@ -28,6 +30,11 @@ LATENCY_US = 300_000
 
 @pytest.fixture(autouse=True)
 def _faults_off():
+    # These tests compare memory_allocated() before and after: garbage an
+    # earlier test left (a traceback holding a tensor) must not be freed by
+    # the collector in the middle of a measurement.
+    gc.collect()
+    torch.phantom.synchronize()
     faults.reset()
     yield
     faults.reset()

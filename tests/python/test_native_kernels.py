@@ -193,3 +193,55 @@ def test_cat_is_native_and_matches_cpu_with_promotion_and_empties():
     with pytest.raises(RuntimeError, match="same device"):
         torch.cat([a.to("phantom"), a], 0)
     P.synchronize()
+
+
+# -- Remembered Meta results (ops/AsyncFallback.cpp) -------------------------
+
+def _paths(op):
+    row = next((r for r in torch_phantom.ops_report() if r["op"] == op), None)
+    return (row["async"], row["sync"]) if row else (0, 0)
+
+
+def test_an_op_with_a_python_meta_kernel_is_queued_from_its_third_identical_call():
+    # index_select's Meta kernel is Python in torch 2.13: too slow to run on
+    # every call, so the first call waits, the second checks the Meta
+    # kernel's answer against the CPU's, and later ones are queued.
+    table = _rand(50, 8)
+    index = torch.tensor([3, 1, 4, 1, 5, 9])
+    expected = table.index_select(0, index)
+    t, i = table.to("phantom"), index.to("phantom")
+    torch_phantom.reset_ops_report()
+    results = [t.index_select(0, i) for _ in range(5)]
+    queued, waited = _paths("aten::index_select")
+    assert (queued, waited) == (3, 2)
+    for r in results:
+        assert torch.equal(r.cpu(), expected)
+    # Another shape is another signature: it waits again before it is queued.
+    got = t.index_select(0, i[:3])
+    assert _paths("aten::index_select") == (3, 3)
+    assert torch.equal(got.cpu(), expected[:3])
+
+
+def test_a_meta_answer_that_differs_from_the_cpu_is_never_used():
+    # For the CPU's fast path _embedding_bag returns an empty offset2bag;
+    # its Meta kernel says one of the indices' length. The memo must see
+    # the difference and keep waiting, with the CPU's results.
+    weight = _rand(20, 4)
+    indices = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9])
+    offsets = torch.tensor([0, 3, 5])
+    expected = torch._embedding_bag(weight, indices, offsets, False, 0, False, None, False, -1)
+    args = [x.to("phantom") for x in (weight, indices, offsets)]
+    torch_phantom.reset_ops_report()
+    for _ in range(4):
+        got = torch._embedding_bag(*args, False, 0, False, None, False, -1)
+        for g, e in zip(got, expected):
+            assert g.shape == e.shape and torch.equal(g.cpu(), e)
+    assert _paths("aten::_embedding_bag") == (0, 4)
+
+
+def test_data_dependent_ops_keep_waiting():
+    x = torch.tensor([0.0, 1.0, 0.0, 2.0], device="phantom")
+    torch_phantom.reset_ops_report()
+    for _ in range(4):
+        assert torch.equal(x.nonzero().cpu(), torch.tensor([[1], [3]]))
+    assert _paths("aten::nonzero")[0] == 0

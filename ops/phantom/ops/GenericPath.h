@@ -5,6 +5,8 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 
+#include <string>
+
 namespace phantom {
 
 inline bool isPhantom(const at::Tensor& tensor) {
@@ -51,7 +53,15 @@ torch::jit::Stack boxArguments(Args&&... args) {
 // Queues `op` on the current stream of `device` and replaces its arguments
 // on `stack` by its results. Returns nullptr on success, or (leaving the
 // stack untouched) why the op has to take the synchronous path.
+// When it declines but wants the synchronous path's results checked
+// against a remembered Meta answer (AsyncFallback.cpp, "Remembered Meta
+// results"), it sets *verify_signature; the caller then passes the results
+// to verifyRemembered.
 const char* runGenericAsync(const c10::OperatorHandle& op,
-                            torch::jit::Stack* stack, c10::Device device);
+                            torch::jit::Stack* stack, c10::Device device,
+                            std::string* verify_signature);
+void verifyRemembered(const std::string& signature,
+                      c10::ArrayRef<c10::IValue> args,
+                      c10::ArrayRef<c10::IValue> results);
 
 }  // namespace phantom
