@@ -79,11 +79,14 @@ def sync(device):
 
 
 def generic_path_calls(run):
-    """Runs `run` once on phantom and counts its calls on the generic path
-    by half (torch_phantom.ops_report()): shows whether ops were only
-    queued (async) or made the host wait (sync). A first, uncounted run
-    warms up (an optimizer creates its state on its first step)."""
-    run()
+    """Runs `run` once on phantom and counts its calls by path
+    (torch_phantom.ops_report()): native kernels, and generic calls only
+    queued (async) or waited for (sync). Three uncounted runs warm up: an
+    optimizer creates its state on its first step, and the generic path
+    queues an op with a Python Meta kernel from the third call with the
+    same signature on (docs/architecture.md)."""
+    for _ in range(3):
+        run()
     torch.phantom.synchronize()
     torch_phantom.reset_ops_report()
     run()
