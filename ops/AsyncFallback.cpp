@@ -625,26 +625,32 @@ const char* runGenericAsync(const c10::OperatorHandle& op,
     if (!signatureOf(op, args, &signature)) {
       return kPython;
     }
-    std::lock_guard<std::mutex> lock(memoMutex());
-    auto it = memo().find(signature);
-    if (it == memo().end()) {
-      if (memo().size() < kMaxRemembered) {
-        memo()[signature].calls = 1;
+    std::optional<Remembered> usable;  // copied out: run without the lock
+    {
+      std::lock_guard<std::mutex> lock(memoMutex());
+      auto it = memo().find(signature);
+      if (it == memo().end()) {
+        if (memo().size() < kMaxRemembered) {
+          memo()[signature].calls = 1;
+        }
+        return kPython;
       }
-      return kPython;
+      Remembered& remembered = it->second;
+      remembered.calls += 1;
+      if (remembered.wait) {
+        return "its Meta kernel cannot compute the outputs ahead for this "
+               "call signature (data-dependent, a view or a resize)";
+      }
+      if (remembered.verifying) {
+        return kPython;  // another thread is checking this signature
+      }
+      if (remembered.usable) {
+        usable = remembered;
+      }
     }
-    Remembered& remembered = it->second;
-    remembered.calls += 1;
-    if (remembered.wait) {
-      return "its Meta kernel cannot compute the outputs ahead for this call "
-             "signature (data-dependent, a view or a resize)";
-    }
-    if (remembered.usable) {
-      runRemembered(op, stack, remembered, device);
+    if (usable) {
+      runRemembered(op, stack, *usable, device);
       return nullptr;
-    }
-    if (remembered.verifying) {
-      return kPython;  // another thread is checking this signature
     }
     // Second call: the Meta kernel's answer, checked against the CPU's.
   }
