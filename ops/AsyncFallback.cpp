@@ -366,10 +366,12 @@ struct RememberedOutput {
 };
 
 struct Remembered {
-  int calls = 0;         // calls seen with this signature
-  bool usable = false;   // outputs below are valid
-  bool verifying = false;  // outputs below await the CPU kernel's check
-  bool wait = false;     // the signature must take the synchronous path
+  enum class State {
+    kSeenOnce,   // first call waited; the next one asks the Meta kernel
+    kVerifying,  // outputs below await the check against the CPU kernel's
+    kUsable,     // outputs below are queued with
+    kWait,       // the signature always takes the synchronous path
+  } state = State::kSeenOnce;
   std::vector<RememberedOutput> outputs;  // flattened
   std::vector<int> returns;  // per return: -1 tensor, n >= 0 list of n
 };
@@ -555,11 +557,10 @@ void verifyRemembered(const std::string& signature,
                       c10::ArrayRef<c10::IValue> results) {
   std::lock_guard<std::mutex> lock(memoMutex());
   auto it = memo().find(signature);
-  if (it == memo().end() || !it->second.verifying) {
+  if (it == memo().end() || it->second.state != Remembered::State::kVerifying) {
     return;
   }
   Remembered& entry = it->second;
-  entry.verifying = false;
   bool same = results.size() == entry.returns.size();
   std::vector<at::Tensor> real;
   for (size_t i = 0; same && i < results.size(); ++i) {
@@ -594,8 +595,7 @@ void verifyRemembered(const std::string& signature,
         break;
     }
   }
-  entry.usable = same;
-  entry.wait = !same;
+  entry.state = same ? Remembered::State::kUsable : Remembered::State::kWait;
 }
 
 const char* runGenericAsync(const c10::OperatorHandle& op,
@@ -631,20 +631,19 @@ const char* runGenericAsync(const c10::OperatorHandle& op,
       auto it = memo().find(signature);
       if (it == memo().end()) {
         if (memo().size() < kMaxRemembered) {
-          memo()[signature].calls = 1;
+          memo().emplace(signature, Remembered{});  // seen once
         }
         return kPython;
       }
-      Remembered& remembered = it->second;
-      remembered.calls += 1;
-      if (remembered.wait) {
+      const Remembered& remembered = it->second;
+      if (remembered.state == Remembered::State::kWait) {
         return "its Meta kernel cannot compute the outputs ahead for this "
                "call signature (data-dependent, a view or a resize)";
       }
-      if (remembered.verifying) {
+      if (remembered.state == Remembered::State::kVerifying) {
         return kPython;  // another thread is checking this signature
       }
-      if (remembered.usable) {
+      if (remembered.state == Remembered::State::kUsable) {
         usable = remembered;
       }
     }
@@ -669,7 +668,7 @@ const char* runGenericAsync(const c10::OperatorHandle& op,
     // synchronous path runs the CPU kernel and reports its real error.
     if (!signature.empty()) {
       std::lock_guard<std::mutex> lock(memoMutex());
-      memo()[signature].wait = true;
+      memo()[signature].state = Remembered::State::kWait;
     }
     return "its Meta kernel cannot compute the outputs (data-dependent)";
   }
@@ -683,8 +682,7 @@ const char* runGenericAsync(const c10::OperatorHandle& op,
     const bool ok = rememberable(mirror, args, meta_stack, &remembered);
     std::lock_guard<std::mutex> lock(memoMutex());
     Remembered& entry = memo()[signature];
-    entry.wait = !ok;
-    entry.verifying = ok;
+    entry.state = ok ? Remembered::State::kVerifying : Remembered::State::kWait;
     entry.outputs = std::move(remembered.outputs);
     entry.returns = std::move(remembered.returns);
     if (ok && verify_signature != nullptr) {

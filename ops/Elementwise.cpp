@@ -34,7 +34,6 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ExpandUtils.h>
 #include <ATen/native/TypeProperties.h>
-#include <ATen/EmptyTensor.h>
 #include <ATen/ops/add_cpu_dispatch.h>
 #include <ATen/ops/add_meta_dispatch.h>
 #include <ATen/ops/clamp_min_cpu_dispatch.h>
@@ -245,14 +244,10 @@ NativeOpCounter& counterFor(Binary op) {
   return counters[static_cast<int>(op)];
 }
 
-// A meta tensor with `t`'s geometry and dtype; CPU scalars stay as they are
-// (TensorIterator accepts them next to tensors of any device).
+// A meta tensor like `t`; CPU scalars stay as they are (TensorIterator
+// accepts them next to tensors of any device).
 at::Tensor metaOf(const at::Tensor& t) {
-  if (!isPhantom(t)) {
-    return t;
-  }
-  return at::detail::empty_strided_meta(t.sizes(), t.strides(), t.scalar_type(),
-                                        std::nullopt, std::nullopt, std::nullopt);
+  return isPhantom(t) ? metaLike(t) : t;
 }
 
 at::Tensor metaResult(Binary op, const at::Tensor& a, const at::Tensor& b,
@@ -364,8 +359,7 @@ NativeOpCounter relu_counter("aten::relu");
 NativeOpCounter relu_inplace_counter("aten::relu_");
 
 bool reluQueued(const at::Tensor& self, const at::Tensor& out) {
-  if (!isPhantom(self) || self.layout() != c10::kStrided || self.is_conj() ||
-      self.is_neg() || !c10::isFloatingType(self.scalar_type())) {
+  if (!isPlainPhantom(self) || !c10::isFloatingType(self.scalar_type())) {
     return false;
   }
   const c10::DeviceGuard guard(self.device());

@@ -24,7 +24,6 @@
 #include <phantom/ops/OpsReport.h>
 
 #include <ATen/core/Tensor.h>
-#include <ATen/EmptyTensor.h>
 #include <ATen/ops/_log_softmax_backward_data_cpu_dispatch.h>
 #include <ATen/ops/_log_softmax_backward_data_meta_dispatch.h>
 #include <ATen/ops/_log_softmax_cpu_dispatch.h>
@@ -84,8 +83,7 @@ struct Inputs {
     Inputs result;
     for (size_t i = 0; i < N; ++i) {
       const at::Tensor& t = *tensors[i];
-      if (!isPhantom(t) || t.layout() != c10::kStrided || t.is_conj() ||
-          t.is_neg()) {
+      if (!isPlainPhantom(t)) {
         return std::nullopt;
       }
       if (i == 0) {
@@ -93,9 +91,7 @@ struct Inputs {
       } else if (t.device() != result.device) {
         return std::nullopt;  // the generic path reports mixed devices
       }
-      result.meta[i] = at::detail::empty_strided_meta(
-          t.sizes(), t.strides(), t.scalar_type(), std::nullopt, std::nullopt,
-          std::nullopt);
+      result.meta[i] = metaLike(t);
     }
     return result;
   }
@@ -379,15 +375,12 @@ T cat(const at::ITensorListRef& tensors, int64_t dim) {
   bool ours = true;
   for (const at::Tensor& t : tensors) {
     inputs.push_back(t);
-    if (!isPhantom(t) || t.layout() != c10::kStrided || t.is_conj() ||
-        t.is_neg() || (device && t.device() != *device)) {
+    if (!isPlainPhantom(t) || (device && t.device() != *device)) {
       ours = false;
       continue;
     }
     device = t.device();
-    metas.push_back(at::detail::empty_strided_meta(
-        t.sizes(), t.strides(), t.scalar_type(), std::nullopt, std::nullopt,
-        std::nullopt));
+    metas.push_back(metaLike(t));
   }
   std::optional<at::Tensor> meta_out;
   if (ours && device) {

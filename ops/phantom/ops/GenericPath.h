@@ -2,6 +2,7 @@
 // AsyncFallback.cpp). Internal to ops/.
 #pragma once
 
+#include <ATen/EmptyTensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 
@@ -12,6 +13,22 @@ namespace phantom {
 inline bool isPhantom(const at::Tensor& tensor) {
   return tensor.defined() &&
          tensor.device().type() == c10::DeviceType::PrivateUse1;
+}
+
+// A phantom tensor a native kernel can take as it is: strided, with no
+// lazy conjugation or negation bits.
+inline bool isPlainPhantom(const at::Tensor& tensor) {
+  return isPhantom(tensor) && tensor.layout() == c10::kStrided &&
+         !tensor.is_conj() && !tensor.is_neg();
+}
+
+// A meta tensor with `tensor`'s sizes, strides and dtype (no memory): what
+// ATen's C++ meta functions (at::meta::<op>) take to compute an op's
+// outputs.
+inline at::Tensor metaLike(const at::Tensor& tensor) {
+  return at::detail::empty_strided_meta(tensor.sizes(), tensor.strides(),
+                                        tensor.scalar_type(), std::nullopt,
+                                        std::nullopt, std::nullopt);
 }
 
 // True for a `Generator` or `Generator?` argument.
