@@ -20,14 +20,17 @@
 // torch 2.13 torch/_meta_registrations.py overrides the C++ Meta kernels of
 // most core ops, and running one costs ~280 us with the GIL, far more than
 // waiting for the CPU kernel), a Meta kernel that fails (data-dependent
-// output shapes: nonzero, masked_select, unique, ...), results that are not
-// tensors, or a Generator argument (random ops consume the generator in
-// the order the host calls them, so phantom keeps drawing the CPU's numbers).
+// output shapes: nonzero, masked_select, unique, ...), or results that are
+// not tensors. Random ops are queued too: the device's generator is handed
+// to the CPU kernel on the worker, and PhantomGeneratorImpl::queueDraw keeps
+// the draws in the order the host called the ops (Generator.h), so phantom
+// keeps drawing the CPU's numbers.
 // Errors the CPU kernel raises (a bad index) surface at the next sync,
 // naming the op, as a device-side error does on a GPU.
 //
 // The hottest elementwise ops (add, sub, mul, div, relu) do not come here
 // in their common cases: they have native kernels (Elementwise.cpp).
+#include <phantom/Generator.h>
 #include <phantom/Launch.h>
 #include <phantom/Storage.h>
 #include <phantom/Stream.h>
@@ -60,13 +63,15 @@ bool isTensorType(const c10::TypePtr& type) {
   return list && list->getElementType()->kind() == c10::TypeKind::TensorType;
 }
 
-bool takesGenerator(const c10::FunctionSchema& schema) {
-  for (const auto& argument : schema.arguments()) {
-    if (isGeneratorArgument(argument)) {
-      return true;
+// The index of the op's `Generator?` argument, or -1.
+int generatorArgument(const c10::FunctionSchema& schema) {
+  const auto& arguments = schema.arguments();
+  for (size_t i = 0; i < arguments.size(); ++i) {
+    if (isGeneratorArgument(arguments[i])) {
+      return static_cast<int>(i);
     }
   }
-  return false;
+  return -1;
 }
 
 // Mirrors phantom tensors as meta tensors, keeping storage sharing and
@@ -129,6 +134,9 @@ class MetaMirror {
     if (value.isDevice() &&
         value.toDevice().type() == c10::DeviceType::PrivateUse1) {
       return c10::Device(c10::DeviceType::Meta);
+    }
+    if (value.isGenerator()) {
+      return c10::IValue();  // a Meta kernel draws nothing
     }
     return value;
   }
@@ -308,36 +316,66 @@ bool hasNativeMetaKernel(const c10::OperatorHandle& op) {
 }
 
 // Queues the op's CPU kernel over aliases of `args`; each `fresh` entry
-// (result index, device tensor) receives that CPU result.
+// (result index, device tensor) receives that CPU result, which must have
+// the shape and dtype computed ahead.
 void queueCpuKernel(const c10::OperatorHandle& op,
                     c10::ArrayRef<c10::IValue> args,
                     std::vector<std::pair<size_t, DeviceTensorRef>> fresh,
                     c10::Device device) {
+  const int generator_index = generatorArgument(op.schema());
+  PhantomGeneratorImpl* generator = nullptr;
   std::vector<KernelArgument> kernel_args;
   kernel_args.reserve(args.size());
-  for (const c10::IValue& arg : args) {
-    kernel_args.push_back(KernelArgument::from(arg));
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (static_cast<int>(i) == generator_index) {
+      std::optional<at::Generator> given;
+      if (args[i].isGenerator()) {
+        given = args[i].toGenerator();
+      }
+      generator = phantomGeneratorFor(given, device.index());
+      KernelArgument argument;
+      argument.value = generator->cpuGenerator();
+      kernel_args.push_back(std::move(argument));
+    } else {
+      kernel_args.push_back(KernelArgument::from(args[i]));
+    }
   }
-  launchAsync(
-      getCurrentPhantomStream(device.index()), op.schema().name().c_str(),
-      [op, kernel_args = std::move(kernel_args), fresh = std::move(fresh)] {
-        KernelAliases aliases;
-        torch::jit::Stack kernel_stack;
-        kernel_stack.reserve(kernel_args.size());
-        for (const KernelArgument& arg : kernel_args) {
-          kernel_stack.push_back(arg.toKernel(aliases));
-        }
-        op.callBoxedForDispatchKey(c10::DispatchKey::CPU, kernel_stack);
-        std::vector<at::Tensor> cpu_results;
-        for (const c10::IValue& value : kernel_stack) {
-          flatten(value, cpu_results);
-        }
-        for (const auto& [index, ref] : fresh) {
-          TORCH_CHECK(index < cpu_results.size(),
-                      "the CPU kernel returned fewer results than its Meta kernel");
-          aliases.alias(ref).copy_(cpu_results[index]);
-        }
-      });
+  const PhantomStream stream = getCurrentPhantomStream(device.index());
+  auto work = [op, kernel_args = std::move(kernel_args), fresh = std::move(fresh)] {
+    KernelAliases aliases;
+    torch::jit::Stack kernel_stack;
+    kernel_stack.reserve(kernel_args.size());
+    for (const KernelArgument& arg : kernel_args) {
+      kernel_stack.push_back(arg.toKernel(aliases));
+    }
+    op.callBoxedForDispatchKey(c10::DispatchKey::CPU, kernel_stack);
+    std::vector<at::Tensor> cpu_results;
+    for (const c10::IValue& value : kernel_stack) {
+      flatten(value, cpu_results);
+    }
+    for (const auto& [index, ref] : fresh) {
+      TORCH_CHECK(index < cpu_results.size(),
+                  "the CPU kernel returned fewer results than its Meta kernel");
+      at::Tensor out = aliases.alias(ref);
+      const at::Tensor& cpu = cpu_results[index];
+      // copy_ would broadcast a smaller result: a wrong answer computed
+      // ahead must fail loudly instead (PHANTOM_SYNC_GENERIC=1 avoids it).
+      TORCH_CHECK(cpu.sizes() == out.sizes() && cpu.dtype() == out.dtype(),
+                  "result ", index, " of the CPU kernel has shape ",
+                  cpu.sizes(), " and dtype ", cpu.dtype(), ", but ",
+                  out.sizes(), " and ", out.dtype(), " were computed ahead "
+                  "for it on the host; run with PHANTOM_SYNC_GENERIC=1 to "
+                  "work around this, and report it");
+      out.copy_(cpu);
+    }
+  };
+  if (generator != nullptr) {
+    generator->queueDraw(stream, [&] {
+      launchAsync(stream, op.schema().name().c_str(), std::move(work));
+    });
+  } else {
+    launchAsync(stream, op.schema().name().c_str(), std::move(work));
+  }
 }
 
 // --- Remembered Meta results --------------------------------------------
@@ -348,14 +386,26 @@ void queueCpuKernel(const c10::OperatorHandle& op,
 // those ops the outputs' metadata is remembered per call signature (the
 // op, every tensor argument's dtype, sizes, strides, offset and storage
 // sharing, every other argument's value). The first call with a signature
-// waits (synchronous path); the second runs the Python Meta kernel once,
-// waits too, and remembers the Meta kernel's outputs if they are exactly
-// what the CPU kernel returned (verifyRemembered); later calls are queued
-// with the remembered outputs. Only outputs that are fresh tensors or an argument itself (in-
-// place, out=) are remembered; a signature whose Meta kernel fails (data-
-// dependent shapes), resizes an argument or returns a view is remembered
-// as "wait". Arguments the Meta kernel would have refused are not in the
-// memo: a remembered signature passed the kernel's checks before.
+// runs the Python Meta kernel once, waits for the CPU kernel, and
+// remembers the Meta kernel's outputs if they are exactly what the CPU
+// kernel returned (verifyRemembered); later calls are queued with the
+// remembered outputs.
+//
+// Python Meta kernels describe the general case, and the CPU kernel
+// sometimes answers differently for a signature: for its fast path
+// _embedding_bag returns an empty offset2bag where the Meta kernel gives
+// one of the indices' length. The Meta kernel still said the outputs do not
+// depend on the data (it ran), so then the CPU's own outputs are
+// remembered instead, once a second call has returned the same ones. The
+// queued work checks every result's shape and dtype against the remembered
+// ones and fails loudly (the stream's error, naming the op) if they ever
+// differ, rather than returning a wrong answer.
+//
+// Only outputs that are fresh tensors or an argument itself (in-place,
+// out=) are remembered; a signature whose Meta kernel fails (data-dependent
+// shapes), resizes an argument or returns a view is remembered as "wait".
+// Arguments the Meta kernel would have refused are not in the memo: a
+// remembered signature passed the kernel's checks before.
 
 struct RememberedOutput {
   enum class Kind { kUndefined, kArgument, kFresh } kind = Kind::kUndefined;
@@ -367,11 +417,12 @@ struct RememberedOutput {
 
 struct Remembered {
   enum class State {
-    kSeenOnce,   // first call waited; the next one asks the Meta kernel
-    kVerifying,  // outputs below await the check against the CPU kernel's
-    kUsable,     // outputs below are queued with
-    kWait,       // the signature always takes the synchronous path
-  } state = State::kSeenOnce;
+    kVerifying,   // a waiting call checks the outputs below against the CPU's
+    kConfirming,  // outputs below are the CPU's; the next call checks them
+    kUsable,      // outputs below are queued with
+    kWait,        // the signature always takes the synchronous path
+  } state = State::kVerifying;
+  bool from_cpu = false;  // outputs below were the CPU kernel's, not Meta's
   std::vector<RememberedOutput> outputs;  // flattened
   std::vector<int> returns;  // per return: -1 tensor, n >= 0 list of n
 };
@@ -418,11 +469,15 @@ void putTensor(std::string& key, const at::Tensor& t,
 }
 
 // The call signature of `op` on `args`, or false for an argument kind the
-// memo does not know (then the call waits, as without it).
+// memo does not know (then the call waits, as without it). For a pointwise
+// op (ATen's `pointwise` tag: outputs broadcast from the tensor inputs) a
+// floating-point scalar counts by its kind, not its value, which cannot
+// change the outputs: Adam's addcdiv_ takes a new step size every step.
 bool signatureOf(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
                  std::string* key) {
   key->reserve(256);
   put(*key, &op.schema());
+  const bool pointwise = op.hasTag(at::Tag::pointwise);
   std::vector<const c10::StorageImpl*> storages;
   for (const c10::IValue& arg : args) {
     if (arg.isTensor()) {
@@ -443,7 +498,7 @@ bool signatureOf(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
       put(*key, arg.toInt());
     } else if (arg.isDouble()) {
       *key += 'D';
-      put(*key, arg.toDouble());
+      if (!pointwise) put(*key, arg.toDouble());
     } else if (arg.isBool()) {
       *key += arg.toBool() ? 'T' : 'F';
     } else if (arg.isIntList()) {
@@ -462,8 +517,10 @@ bool signatureOf(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
       *key += 'b';
       for (bool v : arg.toBoolList()) *key += v ? '1' : '0';
       *key += ';';
+    } else if (arg.isGenerator()) {
+      *key += 'G';  // outputs do not depend on which generator draws
     } else {
-      return false;  // complex scalars, generators, other lists
+      return false;  // complex scalars, other lists
     }
   }
   return true;
@@ -550,6 +607,68 @@ bool rememberable(const MetaMirror& mirror, c10::ArrayRef<c10::IValue> args,
   return true;
 }
 
+// The CPU kernel's real `results` (of the synchronous path) as remembered
+// outputs; false when they cannot be remembered (not tensors, or a view of
+// an argument).
+bool observed(c10::ArrayRef<c10::IValue> args, c10::ArrayRef<c10::IValue> results,
+              Remembered* out) {
+  std::vector<const at::Tensor*> arg_tensors;  // by argument index, or null
+  for (const c10::IValue& arg : args) {
+    arg_tensors.push_back(arg.isTensor() ? &arg.toTensor() : nullptr);
+  }
+  auto sharesArgumentStorage = [&](const at::Tensor& t) {
+    for (const c10::IValue& arg : args) {
+      std::vector<at::Tensor> tensors;
+      flatten(arg, tensors);
+      for (const at::Tensor& a : tensors) {
+        if (a.defined() && a.has_storage() && t.storage().is_alias_of(a.storage())) {
+          return true;
+        }
+      }
+    }
+    return false;
+  };
+  for (const c10::IValue& value : results) {
+    std::vector<at::Tensor> real;
+    if (value.isTensor()) {
+      out->returns.push_back(-1);
+    } else if (value.isTensorList()) {
+      out->returns.push_back(static_cast<int>(value.toTensorList().size()));
+    } else {
+      return false;
+    }
+    flatten(value, real);
+    for (const at::Tensor& t : real) {
+      RememberedOutput result;
+      if (!t.defined()) {
+        result.kind = RememberedOutput::Kind::kUndefined;
+        out->outputs.push_back(std::move(result));
+        continue;
+      }
+      if (t.layout() != c10::kStrided) {
+        return false;
+      }
+      const auto same = std::find_if(
+          arg_tensors.begin(), arg_tensors.end(), [&](const at::Tensor* a) {
+            return a != nullptr && a->unsafeGetTensorImpl() == t.unsafeGetTensorImpl();
+          });
+      if (same != arg_tensors.end()) {
+        result.kind = RememberedOutput::Kind::kArgument;
+        result.argument = static_cast<size_t>(same - arg_tensors.begin());
+      } else if (sharesArgumentStorage(t)) {
+        return false;
+      } else {
+        result.kind = RememberedOutput::Kind::kFresh;
+        result.dtype = t.scalar_type();
+        result.sizes.assign(t.sizes().begin(), t.sizes().end());
+        result.strides.assign(t.strides().begin(), t.strides().end());
+      }
+      out->outputs.push_back(std::move(result));
+    }
+  }
+  return true;
+}
+
 }  // namespace
 
 void verifyRemembered(const std::string& signature,
@@ -595,7 +714,22 @@ void verifyRemembered(const std::string& signature,
         break;
     }
   }
-  entry.state = same ? Remembered::State::kUsable : Remembered::State::kWait;
+  if (same) {
+    entry.state = Remembered::State::kUsable;
+    return;
+  }
+  // The Meta kernel's answer was not the CPU's (or the CPU's changed from
+  // one call to the next): the next call checks the CPU's answer against
+  // the CPU's, once.
+  Remembered cpu;
+  if (!entry.from_cpu && observed(args, results, &cpu)) {
+    entry.outputs = std::move(cpu.outputs);
+    entry.returns = std::move(cpu.returns);
+    entry.from_cpu = true;
+    entry.state = Remembered::State::kConfirming;
+  } else {
+    entry.state = Remembered::State::kWait;
+  }
 }
 
 const char* runGenericAsync(const c10::OperatorHandle& op,
@@ -604,9 +738,6 @@ const char* runGenericAsync(const c10::OperatorHandle& op,
   const c10::FunctionSchema& schema = op.schema();
   if (!op.hasComputedKernelForDispatchKey(c10::DispatchKey::Meta)) {
     return "no Meta kernel to compute its outputs ahead";
-  }
-  if (takesGenerator(schema)) {
-    return "draws random numbers (the generator is consumed in host order)";
   }
   for (const auto& ret : schema.returns()) {
     if (!isTensorType(ret.type())) {
@@ -620,38 +751,48 @@ const char* runGenericAsync(const c10::OperatorHandle& op,
   std::string signature;
   if (!hasNativeMetaKernel(op)) {
     constexpr const char* kPython =
-        "its Meta kernel is Python (slower than waiting; a call signature "
-        "seen twice is remembered)";
+        "its Meta kernel is Python (slower than waiting) and another thread "
+        "is checking this call signature";
     if (!signatureOf(op, args, &signature)) {
-      return kPython;
+      return "its Meta kernel is Python (slower than waiting) and an "
+             "argument cannot be part of a remembered call signature";
     }
     std::optional<Remembered> usable;  // copied out: run without the lock
     {
       std::lock_guard<std::mutex> lock(memoMutex());
       auto it = memo().find(signature);
       if (it == memo().end()) {
-        if (memo().size() < kMaxRemembered) {
-          memo().emplace(signature, Remembered{});  // seen once
+        if (memo().size() >= kMaxRemembered) {
+          return "its Meta kernel is Python (slower than waiting) and the "
+                 "memo of call signatures is full";
         }
-        return kPython;
-      }
-      const Remembered& remembered = it->second;
-      if (remembered.state == Remembered::State::kWait) {
-        return "its Meta kernel cannot compute the outputs ahead for this "
-               "call signature (data-dependent, a view or a resize)";
-      }
-      if (remembered.state == Remembered::State::kVerifying) {
-        return kPython;  // another thread is checking this signature
-      }
-      if (remembered.state == Remembered::State::kUsable) {
-        usable = remembered;
+        // First call: the Meta kernel's answer, checked against the CPU's.
+      } else {
+        Remembered& remembered = it->second;
+        switch (remembered.state) {
+          case Remembered::State::kWait:
+            return "its Meta kernel cannot compute the outputs ahead for "
+                   "this call signature (data-dependent, a view or a resize)";
+          case Remembered::State::kVerifying:
+            return kPython;  // another thread is checking this signature
+          case Remembered::State::kConfirming:
+            remembered.state = Remembered::State::kVerifying;
+            if (verify_signature != nullptr) {
+              *verify_signature = std::move(signature);
+            }
+            return "its Meta kernel disagrees with the CPU kernel for this "
+                   "call signature (this call checks that the CPU kernel "
+                   "repeats its outputs)";
+          case Remembered::State::kUsable:
+            usable = remembered;
+            break;
+        }
       }
     }
     if (usable) {
       runRemembered(op, stack, *usable, device);
       return nullptr;
     }
-    // Second call: the Meta kernel's answer, checked against the CPU's.
   }
 
   // 1. Outputs' metadata, from the Meta kernel.
@@ -674,10 +815,7 @@ const char* runGenericAsync(const c10::OperatorHandle& op,
   }
   if (!signature.empty()) {
     // Remembered only once the synchronous path has shown that the CPU
-    // kernel's real outputs are what the Meta kernel said (Python Meta
-    // kernels describe the general case: for _embedding_bag's fast path
-    // the CPU returns an empty offset2bag where the Meta kernel gives one
-    // of the indices' length).
+    // kernel's real outputs are what the Meta kernel said.
     Remembered remembered;
     const bool ok = rememberable(mirror, args, meta_stack, &remembered);
     std::lock_guard<std::mutex> lock(memoMutex());
@@ -688,8 +826,8 @@ const char* runGenericAsync(const c10::OperatorHandle& op,
     if (ok && verify_signature != nullptr) {
       *verify_signature = std::move(signature);
     }
-    return "its Meta kernel is Python (this call checks its outputs against "
-           "the CPU kernel's)";
+    return "its Meta kernel is Python (the first call with a signature checks "
+           "its outputs against the CPU kernel's)";
   }
 
   // 2. Outputs on the device, on the host, before anything runs.

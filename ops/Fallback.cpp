@@ -8,7 +8,8 @@
 //   1. turns each phantom tensor into a CPU alias of its device memory
 //      (KernelAliases: zero-copy, views and aliasing preserved),
 //   2. hands `Generator?` arguments the device generator's CPU generator,
-//      so phantom draws exactly the CPU's random numbers,
+//      so phantom draws exactly the CPU's random numbers (after the draws
+//      queued before, see Generator.h),
 //   3. calls the op's CPU kernel, and
 //   4. maps each result back: a result living in an argument's storage is
 //      that argument (in-place and out= ops) or a phantom view of it (view
@@ -281,6 +282,16 @@ void genericFallback(const c10::OperatorHandle& op, c10::DispatchKeySet,
   }
   recordOpPath(schema.name(), OpPath::kGenericSync, sync_reason);
   const PhantomStream stream = getCurrentPhantomStream(device.index());
+  for (size_t i = 0; i < num_args; ++i) {
+    if (isGeneratorArgument(schema.arguments()[i])) {
+      // Draws queued before this one (perhaps on another stream) come first.
+      std::optional<at::Generator> given;
+      if (args[i].isGenerator()) {
+        given = args[i].toGenerator();
+      }
+      phantomGeneratorFor(given, device.index())->waitForQueuedDraws();
+    }
+  }
 
   std::vector<c10::IValue> results;
   launchAndWait(stream, schema.name().c_str(), [&] {

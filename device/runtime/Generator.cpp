@@ -1,6 +1,8 @@
 // See phantom/Generator.h.
 #include <phantom/Device.h>
+#include <phantom/Exception.h>
 #include <phantom/Generator.h>
+#include <phantom/Launch.h>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/util/Exception.h>
@@ -20,15 +22,58 @@ PhantomGeneratorImpl::PhantomGeneratorImpl(c10::DeviceIndex device,
                          : at::make_generator<at::CPUGeneratorImpl>(
                                c10::default_rng_seed_val)) {}
 
+PhantomGeneratorImpl::~PhantomGeneratorImpl() {
+  if (last_draw_ != nullptr) {
+    // Waits already queued on the event still complete (hal.h).
+    (void)ph_event_destroy(last_draw_);
+  }
+}
+
+void PhantomGeneratorImpl::queueDraw(const PhantomStream& stream,
+                                     const std::function<void()>& queue) {
+  std::lock_guard<std::mutex> lock(draws_mutex_);
+  const ph_stream_t handle = stream.handle();
+  if (last_draw_ == nullptr) {
+    PHANTOM_CHECK(ph_event_create(PH_EVENT_DISABLE_TIMING, &last_draw_));
+  }
+  if (draws_pending_ && last_stream_ != handle) {
+    PHANTOM_CHECK(ph_stream_wait_event(handle, last_draw_));
+  }
+  queue();
+  // Refused only if the stream failed since: then the draw will not run,
+  // and the stream reports why at its next sync.
+  if (ph_event_record(last_draw_, handle) == PH_SUCCESS) {
+    last_stream_ = handle;
+    draws_pending_ = true;
+  }
+}
+
+void PhantomGeneratorImpl::waitForQueuedDraws() const {
+  if (inDeviceWork()) {
+    return;  // queued work runs in order: nothing of ours is still ahead
+  }
+  std::lock_guard<std::mutex> lock(draws_mutex_);
+  if (!draws_pending_) {
+    return;
+  }
+  // The status is the recording stream's sticky error if a draw failed;
+  // that stream reports it at its next sync. The state is final either way.
+  (void)ph_event_synchronize(last_draw_);
+  draws_pending_ = false;
+}
+
 void PhantomGeneratorImpl::set_current_seed(uint64_t seed) {
+  waitForQueuedDraws();
   cpu_generator_.set_current_seed(seed);
 }
 
 void PhantomGeneratorImpl::set_offset(uint64_t offset) {
+  waitForQueuedDraws();
   cpu_generator_.set_offset(offset);
 }
 
 uint64_t PhantomGeneratorImpl::get_offset() const {
+  waitForQueuedDraws();
   return cpu_generator_.get_offset();
 }
 
@@ -37,18 +82,22 @@ uint64_t PhantomGeneratorImpl::current_seed() const {
 }
 
 uint64_t PhantomGeneratorImpl::seed() {
+  waitForQueuedDraws();
   return cpu_generator_.seed();
 }
 
 void PhantomGeneratorImpl::set_state(const c10::TensorImpl& new_state) {
+  waitForQueuedDraws();
   cpu_generator_.unsafeGetGeneratorImpl()->set_state(new_state);
 }
 
 c10::intrusive_ptr<c10::TensorImpl> PhantomGeneratorImpl::get_state() const {
+  waitForQueuedDraws();
   return cpu_generator_.unsafeGetGeneratorImpl()->get_state();
 }
 
 PhantomGeneratorImpl* PhantomGeneratorImpl::clone_impl() const {
+  waitForQueuedDraws();
   return new PhantomGeneratorImpl(device().index(), cpu_generator_.clone());
 }
 
@@ -80,17 +129,20 @@ at::Generator newGenerator(c10::DeviceIndex device) {
 
 at::Generator cpuGeneratorFor(const std::optional<at::Generator>& generator,
                               c10::DeviceIndex device) {
+  return phantomGeneratorFor(generator, device)->cpuGenerator();
+}
+
+PhantomGeneratorImpl* phantomGeneratorFor(
+    const std::optional<at::Generator>& generator, c10::DeviceIndex device) {
   if (!generator.has_value() || !generator->defined()) {
-    return defaultGenerator(device)
-        .get<PhantomGeneratorImpl>()
-        ->cpuGenerator();
+    return defaultGenerator(device).get<PhantomGeneratorImpl>();
   }
   const c10::Device where = generator->device();
   TORCH_CHECK(where.type() == c10::DeviceType::PrivateUse1,
               "expected a generator of device phantom:",
               static_cast<int>(device), " but got one of device ", where,
               "; create it with torch.Generator(device='phantom')");
-  return generator->get<PhantomGeneratorImpl>()->cpuGenerator();
+  return generator->get<PhantomGeneratorImpl>();
 }
 
 }  // namespace phantom

@@ -225,3 +225,128 @@ def test_default_generators_has_one_generator_per_device():
 def test_a_phantom_generator_for_a_cpu_op_is_a_clear_error():
     with pytest.raises(RuntimeError, match="Expected a 'cpu' device type for generator"):
         torch.rand(2, generator=torch.Generator(device="phantom"))
+
+
+# --- Queued draws (phantom/Generator.h) ---------------------------------
+# Random ops are queued like any other op; the generator is advanced by the
+# stream's worker. These tests hold a stream back with injected latency so
+# that the host is well ahead of the device when it checks.
+
+import torch_phantom  # noqa: E402
+
+P = torch.phantom
+
+
+def _slow_kernel_on(stream, microseconds=30000):
+    """Queues on `stream` one kernel that takes `microseconds`."""
+    warm = torch.ones(8, device="phantom")
+    with P.stream(stream):
+        P.faults.set_latency_us(microseconds)
+        try:
+            warm * 2
+        finally:
+            P.faults.set_latency_us(0)
+
+
+def _async_count(op):
+    return sum(r["async"] for r in torch_phantom.ops_report() if r["op"] == op)
+
+
+def test_a_draw_is_queued_and_still_draws_the_cpus_numbers():
+    x = torch.empty(1000, device="phantom")
+    x.normal_()  # the first call with a signature checks its Meta kernel
+    P.synchronize()
+    stream = P.Stream()
+    torch.manual_seed(SEED)
+    _slow_kernel_on(stream)
+    before = _async_count("aten::normal_")
+    with P.stream(stream):
+        x.normal_()
+        pending = not stream.query()
+    assert pending, "normal_ waited for the device instead of queueing"
+    assert _async_count("aten::normal_") == before + 1
+    torch.manual_seed(SEED)
+    assert torch.equal(x.cpu(), torch.empty(1000).normal_())
+
+
+def test_draws_on_two_streams_happen_in_the_order_the_host_called_them():
+    slow, fast = P.Stream(), P.Stream()
+    a = torch.empty(500, device="phantom")
+    b = torch.empty(500, device="phantom")
+    a.uniform_(), b.uniform_()  # signatures checked once, outside the test
+    P.synchronize()
+    torch.manual_seed(SEED)
+    _slow_kernel_on(slow)
+    with P.stream(slow):
+        a.uniform_()  # behind 30 ms of work
+    with P.stream(fast):
+        b.uniform_()  # an idle stream: without ordering it would draw first
+    P.synchronize()
+    torch.manual_seed(SEED)
+    first, second = torch.empty(500).uniform_(), torch.empty(500).uniform_()
+    assert torch.equal(a.cpu(), first)
+    assert torch.equal(b.cpu(), second)
+
+
+def test_a_waiting_random_op_draws_after_the_queued_ones():
+    # randperm with a new size waits (its first call checks the Meta
+    # kernel); a draw queued before it on a slower stream must come first.
+    slow = P.Stream()
+    a = torch.empty(300, device="phantom")
+    a.exponential_()
+    P.synchronize()
+    torch.manual_seed(SEED)
+    _slow_kernel_on(slow)
+    with P.stream(slow):
+        a.exponential_()
+    perm = torch.randperm(257, device="phantom")
+    torch.manual_seed(SEED)
+    cpu_a = torch.empty(300).exponential_()
+    assert torch.equal(a.cpu(), cpu_a)
+    assert torch.equal(perm.cpu(), torch.randperm(257))
+
+
+def test_rng_state_read_while_draws_are_queued_includes_them():
+    x = torch.empty(200, device="phantom")
+    x.normal_()
+    P.synchronize()
+    stream = P.Stream()
+    P.manual_seed(SEED)
+    _slow_kernel_on(stream)
+    with P.stream(stream):
+        x.normal_()
+        state = P.get_rng_state()  # the host is ~30 ms ahead here
+    torch.manual_seed(SEED)
+    torch.empty(200).normal_()
+    assert torch.equal(state, torch.get_rng_state())
+
+
+def test_reseeding_while_draws_are_queued_does_not_change_them():
+    x = torch.empty(200, device="phantom")
+    x.bernoulli_(0.5)
+    P.synchronize()
+    stream = P.Stream()
+    P.manual_seed(SEED)
+    _slow_kernel_on(stream)
+    with P.stream(stream):
+        x.bernoulli_(0.5)
+        P.manual_seed(SEED + 7)
+        y = torch.empty(200, device="phantom").bernoulli_(0.5)
+    torch.manual_seed(SEED)
+    assert torch.equal(x.cpu(), torch.empty(200).bernoulli_(0.5))
+    torch.manual_seed(SEED + 7)
+    assert torch.equal(y.cpu(), torch.empty(200).bernoulli_(0.5))
+
+
+def test_a_failed_queued_draw_is_reported_by_the_next_sync_not_by_get_rng_state():
+    probabilities = torch.tensor([0.5, 0.5], device="phantom")
+    torch.multinomial(probabilities, 1)  # signature checked, then queued
+    bad = torch.tensor([0.5, -1.0], device="phantom")  # same signature
+    stream = P.Stream()
+    with P.stream(stream):
+        torch.multinomial(bad, 1)
+        P.get_rng_state()  # the draw's state is final; no error here
+        with pytest.raises(RuntimeError, match="multinomial"):
+            stream.synchronize()
+    P.manual_seed(SEED)  # the generator stays usable
+    assert torch.multinomial(probabilities, 1).cpu().item() in (0, 1)
