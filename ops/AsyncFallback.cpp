@@ -348,7 +348,13 @@ void queueCpuKernel(const c10::OperatorHandle& op,
     for (const KernelArgument& arg : kernel_args) {
       kernel_stack.push_back(arg.toKernel(aliases));
     }
-    op.callBoxedForDispatchKey(c10::DispatchKey::CPU, kernel_stack);
+    if (op.hasKernelForDispatchKey(c10::DispatchKey::CPU)) {
+      op.callBoxedForDispatchKey(c10::DispatchKey::CPU, kernel_stack);
+    } else {
+      // A composite CPU entry (Fallback.cpp, bottom), found only through
+      // the dispatch table; it runs its ops on the CPU aliases.
+      op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &kernel_stack);
+    }
     std::vector<at::Tensor> cpu_results;
     for (const c10::IValue& value : kernel_stack) {
       flatten(value, cpu_results);
@@ -673,13 +679,19 @@ bool observed(c10::ArrayRef<c10::IValue> args, c10::ArrayRef<c10::IValue> result
 
 void verifyRemembered(const std::string& signature,
                       c10::ArrayRef<c10::IValue> args,
-                      c10::ArrayRef<c10::IValue> results) {
+                      c10::ArrayRef<c10::IValue> results,
+                      bool arguments_changed) {
   std::lock_guard<std::mutex> lock(memoMutex());
   auto it = memo().find(signature);
   if (it == memo().end() || it->second.state != Remembered::State::kVerifying) {
     return;
   }
   Remembered& entry = it->second;
+  if (arguments_changed) {
+    // linalg_lu_solve(left=False) leaves its out= result conjugated.
+    entry.state = Remembered::State::kWait;
+    return;
+  }
   bool same = results.size() == entry.returns.size();
   std::vector<at::Tensor> real;
   for (size_t i = 0; same && i < results.size(); ++i) {
@@ -811,7 +823,8 @@ const char* runGenericAsync(const c10::OperatorHandle& op,
       std::lock_guard<std::mutex> lock(memoMutex());
       memo()[signature].state = Remembered::State::kWait;
     }
-    return "its Meta kernel cannot compute the outputs (data-dependent)";
+    return "its Meta kernel raised: the outputs depend on the data, or the "
+           "arguments are refused (the CPU kernel then raises its own error)";
   }
   if (!signature.empty()) {
     // Remembered only once the synchronous path has shown that the CPU

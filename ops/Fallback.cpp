@@ -265,15 +265,12 @@ void genericFallback(const c10::OperatorHandle& op, c10::DispatchKeySet,
   }();
   // An op whose CPU entry is a composite kernel (registered for every
   // backend, not for CPU: addr_, mode.values, conj_physical_; see the
-  // bottom of this file) has to be called through the dispatch table,
-  // which only the synchronous half below does.
+  // bottom of this file) has to be called through the dispatch table.
   const bool composite_cpu_kernel =
       !op.hasKernelForDispatchKey(c10::DispatchKey::CPU);
   const char* sync_reason = "PHANTOM_SYNC_GENERIC=1";
   std::string verify_signature;  // set when the results check a Meta answer
-  if (composite_cpu_kernel) {
-    sync_reason = "its CPU kernel is a composite, run on the CPU aliases";
-  } else if (!force_sync) {
+  if (!force_sync) {
     sync_reason = runGenericAsync(op, stack, device, &verify_signature);
     if (sync_reason == nullptr) {
       recordOpPath(schema.name(), OpPath::kGenericAsync);
@@ -294,6 +291,7 @@ void genericFallback(const c10::OperatorHandle& op, c10::DispatchKeySet,
   }
 
   std::vector<c10::IValue> results;
+  bool arguments_changed = false;  // the kernel changed an argument's metadata
   launchAndWait(stream, schema.name().c_str(), [&] {
     KernelAliases aliases;
     torch::jit::Stack kernel_stack;
@@ -310,7 +308,7 @@ void genericFallback(const c10::OperatorHandle& op, c10::DispatchKeySet,
     } else {
       op.callBoxedForDispatchKey(c10::DispatchKey::CPU, kernel_stack);
     }
-    aliases.writeBack();
+    arguments_changed = aliases.writeBack();
     const ResultMapper mapper(aliases, args, device);
     results.reserve(kernel_stack.size());
     for (const c10::IValue& result : kernel_stack) {
@@ -318,7 +316,7 @@ void genericFallback(const c10::OperatorHandle& op, c10::DispatchKeySet,
     }
   });
   if (!verify_signature.empty()) {
-    verifyRemembered(verify_signature, args, results);
+    verifyRemembered(verify_signature, args, results, arguments_changed);
   }
   torch::jit::drop(stack, num_args);
   for (c10::IValue& result : results) {

@@ -286,3 +286,18 @@ def test_a_result_that_differs_from_the_one_computed_ahead_fails_loudly():
         with pytest.raises(RuntimeError, match=r"phantom_test_ahead::head.*shape \[1\]"):
             stream.synchronize()
     assert torch.equal(head(good).cpu(), torch.tensor([3.0, 1.0, 2.0]))
+
+
+def test_an_op_whose_cpu_entry_is_a_composite_is_queued_too():
+    # native_group_norm's CPU entry is a composite kernel, redispatched on
+    # the CPU aliases; it used to wait on every call.
+    x = _rand(4, 6, 5)
+    weight, bias = _rand(6), _rand(6)
+    expected = torch.native_group_norm(x, weight, bias, 4, 6, 5, 2, 1e-5)
+    args = [t.to("phantom") for t in (x, weight, bias)]
+    torch_phantom.reset_ops_report()
+    for _ in range(3):
+        got = torch.native_group_norm(*args, 4, 6, 5, 2, 1e-5)
+        for g, e in zip(got, expected):
+            assert torch.equal(g.cpu(), e)
+    assert _paths("aten::native_group_norm") == (2, 1)

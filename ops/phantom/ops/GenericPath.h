@@ -77,8 +77,11 @@ torch::jit::Stack boxArguments(Args&&... args) {
 const char* runGenericAsync(const c10::OperatorHandle& op,
                             torch::jit::Stack* stack, c10::Device device,
                             std::string* verify_signature);
+// `arguments_changed`: the CPU kernel changed an argument's metadata (an
+// out= resize, a conj bit), which queued work could not carry back.
 void verifyRemembered(const std::string& signature,
                       c10::ArrayRef<c10::IValue> args,
-                      c10::ArrayRef<c10::IValue> results);
+                      c10::ArrayRef<c10::IValue> results,
+                      bool arguments_changed);
 
 }  // namespace phantom
