@@ -50,6 +50,8 @@ bool SpinUntil(Ready&& ready,
       if (ready()) return true;
     }
     if (std::chrono::steady_clock::now() >= deadline) return false;
+    // Let a thread sharing this core run: it may be the one we wait for.
+    std::this_thread::yield();
   }
 }
 
