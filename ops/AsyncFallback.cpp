@@ -74,6 +74,22 @@ int generatorArgument(const c10::FunctionSchema& schema) {
   return -1;
 }
 
+// Gives phantom tensor `t` this geometry (an out= argument the op resizes),
+// growing its storage if it is too small. Nothing if it has it already.
+void resizeArgument(const at::Tensor& t, c10::IntArrayRef sizes,
+                    c10::IntArrayRef strides, int64_t offset) {
+  if (t.sizes() == sizes && t.strides() == strides && t.storage_offset() == offset) {
+    return;
+  }
+  const size_t needed = at::detail::computeStorageNbytes(
+      sizes, strides, t.dtype().itemsize(), offset);
+  c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
+  if (needed > storage->nbytes()) {
+    resizeStorageBytes(storage, needed);
+  }
+  t.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides, offset);
+}
+
 // Mirrors phantom tensors as meta tensors, keeping storage sharing and
 // identity: a tensor passed twice (self and out of an in-place op routed
 // through its out= form) is mirrored once, so the Meta kernel sees an
@@ -160,35 +176,33 @@ class MetaMirror {
     return it == by_meta_.end() ? nullptr : &it->second->phantom;
   }
 
-  // True when the Meta kernel changed a mirror's geometry (an out=
-  // argument of the wrong shape).
-  bool anyResized() const {
+  // The resizes the Meta kernel made to mirrors (out= arguments of the
+  // wrong shape), by argument index; false if a resized tensor is not an
+  // argument itself (it is inside a list).
+  bool resizes(c10::ArrayRef<c10::IValue> args,
+               std::vector<ArgumentGeometry>* out) const {
     for (const auto& [phantom, meta] : pairs_) {
-      if (phantom.sizes() != meta.sizes() || phantom.strides() != meta.strides() ||
-          phantom.storage_offset() != meta.storage_offset()) {
-        return true;
-      }
-    }
-    return false;
-  }
-
-  // Applies to phantom arguments the resizes the Meta kernel made to their
-  // mirrors (out= arguments of the wrong shape).
-  void applyResizes() {
-    for (auto& [phantom, meta] : pairs_) {
       if (phantom.sizes() == meta.sizes() && phantom.strides() == meta.strides() &&
           phantom.storage_offset() == meta.storage_offset()) {
         continue;
       }
-      const size_t needed = at::detail::computeStorageNbytes(
-          meta.sizes(), meta.strides(), meta.dtype().itemsize(),
-          meta.storage_offset());
-      c10::StorageImpl* storage = phantom.storage().unsafeGetStorageImpl();
-      if (needed > storage->nbytes()) {
-        resizeStorageBytes(storage, needed);
+      size_t i = 0;
+      while (i < args.size() &&
+             !(args[i].isTensor() && args[i].toTensor().unsafeGetTensorImpl() ==
+                                         phantom.unsafeGetTensorImpl())) {
+        ++i;
       }
-      phantom.unsafeGetTensorImpl()->set_sizes_and_strides(
-          meta.sizes(), meta.strides(), meta.storage_offset());
+      if (i == args.size()) return false;
+      out->push_back(ArgumentGeometry::of(i, meta));
+    }
+    return true;
+  }
+
+  // Applies to phantom arguments the resizes the Meta kernel made to their
+  // mirrors.
+  void applyResizes() {
+    for (auto& [phantom, meta] : pairs_) {
+      resizeArgument(phantom, meta.sizes(), meta.strides(), meta.storage_offset());
     }
   }
 
@@ -408,8 +422,11 @@ void queueCpuKernel(const c10::OperatorHandle& op,
 // differ, rather than returning a wrong answer.
 //
 // Only outputs that are fresh tensors or an argument itself (in-place,
-// out=) are remembered; a signature whose Meta kernel fails (data-dependent
-// shapes), resizes an argument or returns a view is remembered as "wait".
+// out=) are remembered, with the resizes of out= arguments (made on the
+// host before queuing: torch.arange fills an empty out= tensor). A
+// signature whose Meta kernel fails (data-dependent shapes) or returns a
+// view, or whose CPU kernel changes an argument in a way the answer did not
+// predict (a conj bit), is remembered as "wait".
 // Arguments the Meta kernel would have refused are not in the memo: a
 // remembered signature passed the kernel's checks before.
 
@@ -431,6 +448,7 @@ struct Remembered {
   bool from_cpu = false;  // outputs below were the CPU kernel's, not Meta's
   std::vector<RememberedOutput> outputs;  // flattened
   std::vector<int> returns;  // per return: -1 tensor, n >= 0 list of n
+  std::vector<ArgumentGeometry> resizes;  // out= arguments the call resizes
 };
 
 constexpr size_t kMaxRemembered = 1 << 14;
@@ -537,6 +555,10 @@ void runRemembered(const c10::OperatorHandle& op, torch::jit::Stack* stack,
                    const Remembered& remembered, c10::Device device) {
   const size_t num_args = op.schema().arguments().size();
   const c10::ArrayRef<c10::IValue> args = torch::jit::last(stack, num_args);
+  for (const ArgumentGeometry& resize : remembered.resizes) {
+    resizeArgument(args[resize.index].toTensor(), resize.sizes, resize.strides,
+                   resize.offset);
+  }
   std::vector<at::Tensor> results;
   std::vector<std::pair<size_t, DeviceTensorRef>> fresh;
   for (size_t i = 0; i < remembered.outputs.size(); ++i) {
@@ -569,11 +591,11 @@ void runRemembered(const c10::OperatorHandle& op, torch::jit::Stack* stack,
   }
 }
 
-// What the Meta kernel gave, as remembered outputs; false when it cannot
-// be remembered (a view, a resize, an argument inside a list).
+// What the Meta kernel gave, as remembered outputs and resizes; false when
+// it cannot be remembered (a view, an argument inside a list).
 bool rememberable(const MetaMirror& mirror, c10::ArrayRef<c10::IValue> args,
                   const torch::jit::Stack& meta_stack, Remembered* out) {
-  if (mirror.anyResized()) return false;
+  if (!mirror.resizes(args, &out->resizes)) return false;
   for (const c10::IValue& value : meta_stack) {
     std::vector<at::Tensor> metas;
     if (value.isTensor()) {
@@ -680,17 +702,31 @@ bool observed(c10::ArrayRef<c10::IValue> args, c10::ArrayRef<c10::IValue> result
 void verifyRemembered(const std::string& signature,
                       c10::ArrayRef<c10::IValue> args,
                       c10::ArrayRef<c10::IValue> results,
-                      bool arguments_changed) {
+                      const std::vector<ArgumentGeometry>& before) {
   std::lock_guard<std::mutex> lock(memoMutex());
   auto it = memo().find(signature);
   if (it == memo().end() || it->second.state != Remembered::State::kVerifying) {
     return;
   }
   Remembered& entry = it->second;
-  if (arguments_changed) {
-    // linalg_lu_solve(left=False) leaves its out= result conjugated.
-    entry.state = Remembered::State::kWait;
-    return;
+  for (const ArgumentGeometry& was : before) {
+    // What the argument must look like now: resized as remembered, or as
+    // it was, with the same bits and storage object either way.
+    ArgumentGeometry want = was;
+    for (const ArgumentGeometry& resize : entry.resizes) {
+      if (resize.index == was.index) {
+        want.sizes = resize.sizes;
+        want.strides = resize.strides;
+        want.offset = resize.offset;
+      }
+    }
+    const ArgumentGeometry now = ArgumentGeometry::of(was.index, args[was.index].toTensor());
+    if (now.sizes != want.sizes || now.strides != want.strides ||
+        now.offset != want.offset || now.conj != want.conj ||
+        now.neg != want.neg || now.storage != want.storage) {
+      entry.state = Remembered::State::kWait;
+      return;
+    }
   }
   bool same = results.size() == entry.returns.size();
   std::vector<at::Tensor> real;
@@ -737,6 +773,7 @@ void verifyRemembered(const std::string& signature,
   if (!entry.from_cpu && observed(args, results, &cpu)) {
     entry.outputs = std::move(cpu.outputs);
     entry.returns = std::move(cpu.returns);
+    entry.resizes.clear();  // an argument the CPU resized fails the next check
     entry.from_cpu = true;
     entry.state = Remembered::State::kConfirming;
   } else {
@@ -784,7 +821,8 @@ const char* runGenericAsync(const c10::OperatorHandle& op,
         switch (remembered.state) {
           case Remembered::State::kWait:
             return "its Meta kernel cannot compute the outputs ahead for "
-                   "this call signature (data-dependent, a view or a resize)";
+                   "this call signature (data-dependent, a view, or an argument "
+                   "changed in a way queued work cannot carry back)";
           case Remembered::State::kVerifying:
             return kPython;  // another thread is checking this signature
           case Remembered::State::kConfirming:
@@ -836,6 +874,7 @@ const char* runGenericAsync(const c10::OperatorHandle& op,
     entry.state = ok ? Remembered::State::kVerifying : Remembered::State::kWait;
     entry.outputs = std::move(remembered.outputs);
     entry.returns = std::move(remembered.returns);
+    entry.resizes = std::move(remembered.resizes);
     if (ok && verify_signature != nullptr) {
       *verify_signature = std::move(signature);
     }

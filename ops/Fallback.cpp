@@ -290,8 +290,11 @@ void genericFallback(const c10::OperatorHandle& op, c10::DispatchKeySet,
     }
   }
 
+  std::vector<ArgumentGeometry> before;  // to check a remembered answer
+  if (!verify_signature.empty()) {
+    before = argumentGeometries(args);
+  }
   std::vector<c10::IValue> results;
-  bool arguments_changed = false;  // the kernel changed an argument's metadata
   launchAndWait(stream, schema.name().c_str(), [&] {
     KernelAliases aliases;
     torch::jit::Stack kernel_stack;
@@ -308,7 +311,7 @@ void genericFallback(const c10::OperatorHandle& op, c10::DispatchKeySet,
     } else {
       op.callBoxedForDispatchKey(c10::DispatchKey::CPU, kernel_stack);
     }
-    arguments_changed = aliases.writeBack();
+    aliases.writeBack();
     const ResultMapper mapper(aliases, args, device);
     results.reserve(kernel_stack.size());
     for (const c10::IValue& result : kernel_stack) {
@@ -316,7 +319,7 @@ void genericFallback(const c10::OperatorHandle& op, c10::DispatchKeySet,
     }
   });
   if (!verify_signature.empty()) {
-    verifyRemembered(verify_signature, args, results, arguments_changed);
+    verifyRemembered(verify_signature, args, results, before);
   }
   torch::jit::drop(stack, num_args);
   for (c10::IValue& result : results) {

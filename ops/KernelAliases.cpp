@@ -112,8 +112,7 @@ const c10::Storage* KernelAliases::phantomStorageOf(const at::Tensor& cpu) const
   return &*it->second->phantom;
 }
 
-bool KernelAliases::writeBack() {
-  bool changed = false;
+void KernelAliases::writeBack() {
   // Storages the kernel grew (into host memory): move them to the device.
   for (auto& [key, entry] : by_key_) {
     const c10::Storage& cpu = entry.cpu;
@@ -133,7 +132,6 @@ bool KernelAliases::writeBack() {
     }
     phantom->set_data_ptr_noswap(std::move(fresh));
     phantom->set_nbytes(cpu.nbytes());
-    changed = true;
   }
   // Tensors the kernel resized or pointed at other memory.
   for (Aliased& aliased : tensors_) {
@@ -142,28 +140,23 @@ bool KernelAliases::writeBack() {
     if (cpu.storage().unsafeGetStorageImpl() !=
         aliased.entry->cpu.unsafeGetStorageImpl()) {
       adoptStorage(phantom, cpu);
-      changed = true;
     }
     c10::TensorImpl* impl = phantom.unsafeGetTensorImpl();
     if (phantom.sizes() != cpu.sizes() || phantom.strides() != cpu.strides() ||
         phantom.storage_offset() != cpu.storage_offset()) {
       impl->set_sizes_and_strides(cpu.sizes(), cpu.strides(),
                                   cpu.storage_offset());
-      changed = true;
     }
     // Lazy conjugation and negation are part of the value: a kernel may
     // leave its out= result conjugated (linalg_lu_solve with left=False
     // does), and the memory is only right read through that bit.
     if (phantom.is_conj() != cpu.is_conj()) {
       impl->_set_conj(cpu.is_conj());
-      changed = true;
     }
     if (phantom.is_neg() != cpu.is_neg()) {
       impl->_set_neg(cpu.is_neg());
-      changed = true;
     }
   }
-  return changed;
 }
 
 void KernelAliases::adoptStorage(const at::Tensor& phantom,

@@ -301,3 +301,22 @@ def test_an_op_whose_cpu_entry_is_a_composite_is_queued_too():
         for g, e in zip(got, expected):
             assert torch.equal(g.cpu(), e)
     assert _paths("aten::native_group_norm") == (2, 1)
+
+
+def test_an_out_argument_the_call_resizes_is_resized_on_the_host_and_queued():
+    # torch.arange(n, device=...) fills an empty out= tensor that the op
+    # resizes; the resize is remembered with the signature and made on the
+    # host, so positional ids built every forward do not wait.
+    torch_phantom.reset_ops_report()
+    for n in (5, 5, 5, 9, 9):
+        got = torch.arange(n, device="phantom")
+        assert got.shape == (n,) and torch.equal(got.cpu(), torch.arange(n))
+    assert _paths("aten::arange") == (3, 2)
+    a, b = _rand(3, 4), _rand(4, 3).t()
+    expected = torch.atan2(a, b)
+    pa, pb = a.to("phantom"), b.to("phantom")
+    for _ in range(3):
+        out = torch.empty(0, device="phantom")
+        assert torch.atan2(pa, pb, out=out) is out
+        assert out.shape == (3, 4) and torch.equal(out.cpu(), expected)
+    assert _paths("aten::atan2") == (2, 1)

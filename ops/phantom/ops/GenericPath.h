@@ -5,8 +5,10 @@
 #include <ATen/EmptyTensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
+#include <c10/util/SmallVector.h>
 
 #include <string>
+#include <vector>
 
 namespace phantom {
 
@@ -67,6 +69,43 @@ torch::jit::Stack boxArguments(Args&&... args) {
   return stack;
 }
 
+// A tensor argument's metadata a call may change: an out= argument's
+// geometry, a conj or neg bit, its storage.
+struct ArgumentGeometry {
+  size_t index = 0;  // among the op's arguments
+  c10::SmallVector<int64_t, 5> sizes;
+  c10::SmallVector<int64_t, 5> strides;
+  int64_t offset = 0;
+  bool conj = false;
+  bool neg = false;
+  const c10::StorageImpl* storage = nullptr;
+
+  static ArgumentGeometry of(size_t index, const at::Tensor& t) {
+    ArgumentGeometry g;
+    g.index = index;
+    g.sizes.assign(t.sizes().begin(), t.sizes().end());
+    g.strides.assign(t.strides().begin(), t.strides().end());
+    g.offset = t.storage_offset();
+    g.conj = t.is_conj();
+    g.neg = t.is_neg();
+    g.storage = t.has_storage() ? t.storage().unsafeGetStorageImpl() : nullptr;
+    return g;
+  }
+};
+
+// The metadata of each phantom tensor argument (not those inside lists).
+inline std::vector<ArgumentGeometry> argumentGeometries(
+    c10::ArrayRef<c10::IValue> args) {
+  std::vector<ArgumentGeometry> result;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i].isTensor() && isPhantom(args[i].toTensor()) &&
+        args[i].toTensor().layout() == c10::kStrided) {
+      result.push_back(ArgumentGeometry::of(i, args[i].toTensor()));
+    }
+  }
+  return result;
+}
+
 // Queues `op` on the current stream of `device` and replaces its arguments
 // on `stack` by its results. Returns nullptr on success, or (leaving the
 // stack untouched) why the op has to take the synchronous path.
@@ -77,11 +116,13 @@ torch::jit::Stack boxArguments(Args&&... args) {
 const char* runGenericAsync(const c10::OperatorHandle& op,
                             torch::jit::Stack* stack, c10::Device device,
                             std::string* verify_signature);
-// `arguments_changed`: the CPU kernel changed an argument's metadata (an
-// out= resize, a conj bit), which queued work could not carry back.
+// `before`: argumentGeometries(args) before the call. A change the
+// remembered answer did not predict (linalg_lu_solve(left=False) sets the
+// conj bit of its out= argument) cannot be carried back by queued work, so
+// the signature then keeps waiting.
 void verifyRemembered(const std::string& signature,
                       c10::ArrayRef<c10::IValue> args,
                       c10::ArrayRef<c10::IValue> results,
-                      bool arguments_changed);
+                      const std::vector<ArgumentGeometry>& before);
 
 }  // namespace phantom

@@ -66,9 +66,8 @@ class KernelAliases {
   const c10::Storage* phantomStorageOf(const at::Tensor& cpu) const;
 
   // After the kernel ran: carries resizes of aliases back to the phantom
-  // tensors and storages (see above). Runs on the stream's worker. True if
-  // it changed any phantom tensor's metadata (geometry, storage, conj/neg).
-  bool writeBack();
+  // tensors and storages (see above). Runs on the stream's worker.
+  void writeBack();
 
  private:
   struct Entry {
