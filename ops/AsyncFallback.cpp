@@ -451,6 +451,10 @@ struct Remembered {
   std::vector<ArgumentGeometry> resizes;  // out= arguments the call resizes
 };
 
+// At most this many signatures are remembered; a new one then replaces an
+// arbitrary one (a training loop's working set is a few hundred; a test
+// suite sweeping shapes keeps cycling through, each new signature checked
+// once more).
 constexpr size_t kMaxRemembered = 1 << 14;
 
 std::mutex& memoMutex() {
@@ -781,6 +785,11 @@ void verifyRemembered(const std::string& signature,
   }
 }
 
+void forgetRemembered(const std::string& signature) noexcept {
+  std::lock_guard<std::mutex> lock(memoMutex());
+  memo().erase(signature);
+}
+
 const char* runGenericAsync(const c10::OperatorHandle& op,
                             torch::jit::Stack* stack, c10::Device device,
                             std::string* verify_signature) {
@@ -812,8 +821,7 @@ const char* runGenericAsync(const c10::OperatorHandle& op,
       auto it = memo().find(signature);
       if (it == memo().end()) {
         if (memo().size() >= kMaxRemembered) {
-          return "its Meta kernel is Python (slower than waiting) and the "
-                 "memo of call signatures is full";
+          memo().erase(memo().begin());
         }
         // First call: the Meta kernel's answer, checked against the CPU's.
       } else {

@@ -295,6 +295,15 @@ void genericFallback(const c10::OperatorHandle& op, c10::DispatchKeySet,
     before = argumentGeometries(args);
   }
   std::vector<c10::IValue> results;
+  // A call that checks a remembered answer and raises leaves nothing to
+  // check: the signature is forgotten, so the next call checks it again.
+  struct ForgetOnThrow {
+    const std::string& signature;
+    bool armed = true;
+    ~ForgetOnThrow() {
+      if (armed && !signature.empty()) forgetRemembered(signature);
+    }
+  } forget_on_throw{verify_signature};
   launchAndWait(stream, schema.name().c_str(), [&] {
     KernelAliases aliases;
     torch::jit::Stack kernel_stack;
@@ -318,6 +327,7 @@ void genericFallback(const c10::OperatorHandle& op, c10::DispatchKeySet,
       results.push_back(mapper.map(result));
     }
   });
+  forget_on_throw.armed = false;
   if (!verify_signature.empty()) {
     verifyRemembered(verify_signature, args, results, before);
   }

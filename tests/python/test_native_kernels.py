@@ -320,3 +320,20 @@ def test_an_out_argument_the_call_resizes_is_resized_on_the_host_and_queued():
         assert torch.atan2(pa, pb, out=out) is out
         assert out.shape == (3, 4) and torch.equal(out.cpu(), expected)
     assert _paths("aten::atan2") == (2, 1)
+
+
+def test_a_signature_whose_checking_call_raised_is_checked_again():
+    # The first call of a signature checks the Meta answer; if the CPU
+    # kernel raises instead (an index out of range: data, not shape), the
+    # next call with that signature must check again and then be queued,
+    # not wait for a check that never comes.
+    table = _rand(10, 4).to("phantom")
+    bad = torch.tensor([1, 2, 99], device="phantom")
+    good = torch.tensor([1, 2, 3], device="phantom")
+    torch_phantom.reset_ops_report()
+    with pytest.raises(IndexError, match="out of range"):
+        table.index_select(0, bad)
+    results = [table.index_select(0, good) for _ in range(3)]
+    assert _paths("aten::index_select") == (2, 2)
+    for r in results:
+        assert torch.equal(r.cpu(), table.cpu()[[1, 2, 3]])

@@ -124,5 +124,7 @@ void verifyRemembered(const std::string& signature,
                       c10::ArrayRef<c10::IValue> args,
                       c10::ArrayRef<c10::IValue> results,
                       const std::vector<ArgumentGeometry>& before);
+// The call that was to check `signature` raised: forget the signature.
+void forgetRemembered(const std::string& signature) noexcept;
 
 }  // namespace phantom
