@@ -4,6 +4,7 @@
 // settings at first use, after the static initialiser below.
 #include <phantom/DeviceAllocator.h>
 #include <phantom/Device.h>
+#include <phantom/Generator.h>
 #include <phantom/Launch.h>
 #include <phantom/Stream.h>
 
@@ -17,7 +18,9 @@
 #include <atomic>
 #include <cstdlib>
 #include <chrono>
+#include <mutex>
 #include <thread>
+#include <vector>
 
 namespace {
 
@@ -439,6 +442,43 @@ TEST(Generator, SameSeedDrawsTheCpuNumbers) {
   at::manual_seed(42);
   at::Tensor phantom = at::randn({64}, at::device(kPhantom1));
   EXPECT_TRUE(at::equal(phantom.cpu(), cpu));
+}
+
+// Draws queued on two streams run in the order they were queued, and the
+// host's view of the generator waits for them (phantom/Generator.h).
+TEST(Generator, QueuedDrawsRunInHostOrderAcrossStreamsAndStateWaitsForThem) {
+  at::Generator generator = phantom::newGenerator(0);
+  auto* impl = generator.get<phantom::PhantomGeneratorImpl>();
+  const auto slow = phantom::getStreamFromPool(false, 0);
+  const auto idle = phantom::getStreamFromPool(false, 0);
+  std::mutex mutex;
+  std::vector<int> order;
+  auto draw = [&](const phantom::PhantomStream& stream, int id) {
+    impl->queueDraw(stream, [&, id] {
+      phantom::launchAsync(stream, "test draw", [&, id] {
+        std::lock_guard<std::mutex> lock(mutex);
+        order.push_back(id);
+      });
+    });
+  };
+  StreamBlocker blocker(slow);
+  draw(slow, 1);  // behind the blocker
+  draw(idle, 2);  // an idle stream: must still wait for draw 1
+  std::this_thread::sleep_for(20ms);
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    EXPECT_TRUE(order.empty()) << "draw 2 overtook draw 1";
+  }
+  std::thread release([&] {
+    std::this_thread::sleep_for(20ms);
+    blocker.release();
+  });
+  generator.get_state();  // waits for both draws
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    EXPECT_EQ(order, (std::vector<int>{1, 2}));
+  }
+  release.join();
 }
 
 TEST(Ops, ComputeOnTheDeviceAndMatchTheCpu) {
