@@ -15,13 +15,14 @@
 // references to device memory (DeviceTensorRef), as a kernel on hardware.
 //
 // The host takes the synchronous path instead (and says why, in the ops
-// report) when it cannot know the outputs in advance cheaply or the op must
-// run in host order: no Meta kernel, a Meta kernel written in Python (in
-// torch 2.13 torch/_meta_registrations.py overrides the C++ Meta kernels of
-// most core ops, and running one costs ~280 us with the GIL, far more than
-// waiting for the CPU kernel), a Meta kernel that fails (data-dependent
-// output shapes: nonzero, masked_select, unique, ...), or results that are
-// not tensors. Random ops are queued too: the device's generator is handed
+// report) when it cannot know the outputs in advance: no Meta kernel, a
+// Meta kernel that fails (data-dependent output shapes: nonzero,
+// masked_select, unique, ...), or results that are not tensors. A Meta
+// kernel written in Python (in torch 2.13 torch/_meta_registrations.py
+// overrides the C++ Meta kernels of most core ops, and running one costs
+// ~100-300 us with the GIL, far more than the CPU kernel) is run once per
+// call signature and its answer remembered ("Remembered Meta results",
+// below); that first call waits. Random ops are queued too: the device's generator is handed
 // to the CPU kernel on the worker, and PhantomGeneratorImpl::queueDraw keeps
 // the draws in the order the host called the ops (Generator.h), so phantom
 // keeps drawing the CPU's numbers.

@@ -50,7 +50,7 @@ void PhantomGeneratorImpl::queueDraw(const PhantomStream& stream,
 
 void PhantomGeneratorImpl::waitForQueuedDraws() const {
   if (inDeviceWork()) {
-    return;  // queued work runs in order: nothing of ours is still ahead
+    return;  // device work must not wait on streams (it may be one of them)
   }
   std::lock_guard<std::mutex> lock(draws_mutex_);
   if (!draws_pending_) {
