@@ -91,6 +91,18 @@ void resizeArgument(const at::Tensor& t, c10::IntArrayRef sizes,
   t.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides, offset);
 }
 
+// The index of the argument that is `t` itself (not a tensor inside a
+// list), or args.size() if none is.
+size_t argumentIndexOf(c10::ArrayRef<c10::IValue> args, const at::Tensor& t) {
+  size_t i = 0;
+  while (i < args.size() &&
+         !(args[i].isTensor() &&
+           args[i].toTensor().unsafeGetTensorImpl() == t.unsafeGetTensorImpl())) {
+    ++i;
+  }
+  return i;
+}
+
 // Mirrors phantom tensors as meta tensors, keeping storage sharing and
 // identity: a tensor passed twice (self and out of an in-place op routed
 // through its out= form) is mirrored once, so the Meta kernel sees an
@@ -187,12 +199,7 @@ class MetaMirror {
           phantom.storage_offset() == meta.storage_offset()) {
         continue;
       }
-      size_t i = 0;
-      while (i < args.size() &&
-             !(args[i].isTensor() && args[i].toTensor().unsafeGetTensorImpl() ==
-                                         phantom.unsafeGetTensorImpl())) {
-        ++i;
-      }
+      const size_t i = argumentIndexOf(args, phantom);
       if (i == args.size()) return false;
       out->push_back(ArgumentGeometry::of(i, meta));
     }
@@ -437,6 +444,21 @@ struct RememberedOutput {
   c10::ScalarType dtype = c10::kFloat;
   c10::SmallVector<int64_t, 5> sizes;
   c10::SmallVector<int64_t, 5> strides;
+
+  static RememberedOutput argumentAt(size_t index) {
+    RememberedOutput out;
+    out.kind = Kind::kArgument;
+    out.argument = index;
+    return out;
+  }
+  static RememberedOutput freshLike(const at::Tensor& t) {
+    RememberedOutput out;
+    out.kind = Kind::kFresh;
+    out.dtype = t.scalar_type();
+    out.sizes.assign(t.sizes().begin(), t.sizes().end());
+    out.strides.assign(t.strides().begin(), t.strides().end());
+    return out;
+  }
 };
 
 struct Remembered {
@@ -596,48 +618,46 @@ void runRemembered(const c10::OperatorHandle& op, torch::jit::Stack* stack,
   }
 }
 
+// Appends `values` (an op's results: tensors and tensor lists) to `out`'s
+// returns and outputs; `classify` turns each defined tensor into an output,
+// or returns false for one that cannot be remembered.
+template <typename Classify>
+bool rememberResults(c10::ArrayRef<c10::IValue> values, Remembered* out,
+                     Classify&& classify) {
+  for (const c10::IValue& value : values) {
+    if (value.isTensor()) {
+      out->returns.push_back(-1);
+    } else if (value.isTensorList()) {
+      out->returns.push_back(static_cast<int>(value.toTensorList().size()));
+    } else {
+      return false;
+    }
+    std::vector<at::Tensor> tensors;
+    flatten(value, tensors);
+    for (const at::Tensor& t : tensors) {
+      RememberedOutput result;  // kUndefined
+      if (t.defined() && !classify(t, &result)) return false;
+      out->outputs.push_back(std::move(result));
+    }
+  }
+  return true;
+}
+
 // What the Meta kernel gave, as remembered outputs and resizes; false when
 // it cannot be remembered (a view, an argument inside a list).
 bool rememberable(const MetaMirror& mirror, c10::ArrayRef<c10::IValue> args,
                   const torch::jit::Stack& meta_stack, Remembered* out) {
   if (!mirror.resizes(args, &out->resizes)) return false;
-  for (const c10::IValue& value : meta_stack) {
-    std::vector<at::Tensor> metas;
-    if (value.isTensor()) {
-      out->returns.push_back(-1);
-      metas.push_back(value.toTensor());
-    } else if (value.isTensorList()) {
-      out->returns.push_back(static_cast<int>(value.toTensorList().size()));
-      flatten(value, metas);
-    } else {
-      return false;
+  return rememberResults(meta_stack, out, [&](const at::Tensor& meta,
+                                              RememberedOutput* result) {
+    if (const at::Tensor* argument = mirror.argumentFor(meta)) {
+      const size_t i = argumentIndexOf(args, *argument);
+      *result = RememberedOutput::argumentAt(i);
+      return i < args.size();
     }
-    for (const at::Tensor& meta : metas) {
-      RememberedOutput result;
-      if (!meta.defined()) {
-        result.kind = RememberedOutput::Kind::kUndefined;
-      } else if (const at::Tensor* argument = mirror.argumentFor(meta)) {
-        result.kind = RememberedOutput::Kind::kArgument;
-        size_t i = 0;
-        while (i < args.size() &&
-               !(args[i].isTensor() && args[i].toTensor().unsafeGetTensorImpl() ==
-                                           argument->unsafeGetTensorImpl())) {
-          ++i;
-        }
-        if (i == args.size()) return false;
-        result.argument = i;
-      } else if (mirror.storageFor(meta) != nullptr) {
-        return false;
-      } else {
-        result.kind = RememberedOutput::Kind::kFresh;
-        result.dtype = meta.scalar_type();
-        result.sizes.assign(meta.sizes().begin(), meta.sizes().end());
-        result.strides.assign(meta.strides().begin(), meta.strides().end());
-      }
-      out->outputs.push_back(std::move(result));
-    }
-  }
-  return true;
+    *result = RememberedOutput::freshLike(meta);
+    return mirror.storageFor(meta) == nullptr;  // a view is not remembered
+  });
 }
 
 // The CPU kernel's real `results` (of the synchronous path) as remembered
@@ -645,10 +665,6 @@ bool rememberable(const MetaMirror& mirror, c10::ArrayRef<c10::IValue> args,
 // an argument).
 bool observed(c10::ArrayRef<c10::IValue> args, c10::ArrayRef<c10::IValue> results,
               Remembered* out) {
-  std::vector<const at::Tensor*> arg_tensors;  // by argument index, or null
-  for (const c10::IValue& arg : args) {
-    arg_tensors.push_back(arg.isTensor() ? &arg.toTensor() : nullptr);
-  }
   auto sharesArgumentStorage = [&](const at::Tensor& t) {
     for (const c10::IValue& arg : args) {
       std::vector<at::Tensor> tensors;
@@ -661,45 +677,17 @@ bool observed(c10::ArrayRef<c10::IValue> args, c10::ArrayRef<c10::IValue> result
     }
     return false;
   };
-  for (const c10::IValue& value : results) {
-    std::vector<at::Tensor> real;
-    if (value.isTensor()) {
-      out->returns.push_back(-1);
-    } else if (value.isTensorList()) {
-      out->returns.push_back(static_cast<int>(value.toTensorList().size()));
-    } else {
-      return false;
+  return rememberResults(results, out, [&](const at::Tensor& t,
+                                           RememberedOutput* result) {
+    if (t.layout() != c10::kStrided) return false;
+    const size_t i = argumentIndexOf(args, t);
+    if (i < args.size()) {
+      *result = RememberedOutput::argumentAt(i);
+      return true;
     }
-    flatten(value, real);
-    for (const at::Tensor& t : real) {
-      RememberedOutput result;
-      if (!t.defined()) {
-        result.kind = RememberedOutput::Kind::kUndefined;
-        out->outputs.push_back(std::move(result));
-        continue;
-      }
-      if (t.layout() != c10::kStrided) {
-        return false;
-      }
-      const auto same = std::find_if(
-          arg_tensors.begin(), arg_tensors.end(), [&](const at::Tensor* a) {
-            return a != nullptr && a->unsafeGetTensorImpl() == t.unsafeGetTensorImpl();
-          });
-      if (same != arg_tensors.end()) {
-        result.kind = RememberedOutput::Kind::kArgument;
-        result.argument = static_cast<size_t>(same - arg_tensors.begin());
-      } else if (sharesArgumentStorage(t)) {
-        return false;
-      } else {
-        result.kind = RememberedOutput::Kind::kFresh;
-        result.dtype = t.scalar_type();
-        result.sizes.assign(t.sizes().begin(), t.sizes().end());
-        result.strides.assign(t.strides().begin(), t.strides().end());
-      }
-      out->outputs.push_back(std::move(result));
-    }
-  }
-  return true;
+    *result = RememberedOutput::freshLike(t);
+    return !sharesArgumentStorage(t);
+  });
 }
 
 }  // namespace
