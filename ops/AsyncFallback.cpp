@@ -21,8 +21,10 @@
 // kernel written in Python (in torch 2.13 torch/_meta_registrations.py
 // overrides the C++ Meta kernels of most core ops, and running one costs
 // ~100-300 us with the GIL, far more than the CPU kernel) is run once per
-// call signature and its answer remembered ("Remembered Meta results",
-// below); that first call waits. Random ops are queued too: the device's generator is handed
+// call signature, to learn that the outputs do not depend on the data; the
+// outputs themselves come from a trial run of the CPU kernel on the host
+// and are remembered ("Remembered outputs", below). That first call is
+// queued too. Random ops are queued too: the device's generator is handed
 // to the CPU kernel on the worker, and PhantomGeneratorImpl::queueDraw keeps
 // the draws in the order the host called the ops (Generator.h), so phantom
 // keeps drawing the CPU's numbers.
@@ -41,12 +43,20 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/ops/empty_strided.h>
+#include <c10/core/CPUAllocator.h>
 #include <c10/core/TensorImpl.h>
 #include <c10/util/SmallVector.h>
 
 #include <algorithm>
+#include <atomic>
+#include <limits>
+#include <memory>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -343,7 +353,8 @@ bool hasNativeMetaKernel(const c10::OperatorHandle& op) {
 void queueCpuKernel(const c10::OperatorHandle& op,
                     c10::ArrayRef<c10::IValue> args,
                     std::vector<std::pair<size_t, DeviceTensorRef>> fresh,
-                    c10::Device device) {
+                    c10::Device device,
+                    std::shared_ptr<std::atomic<bool>> wrong = nullptr) {
   const int generator_index = generatorArgument(op.schema());
   PhantomGeneratorImpl* generator = nullptr;
   std::vector<KernelArgument> kernel_args;
@@ -363,7 +374,8 @@ void queueCpuKernel(const c10::OperatorHandle& op,
     }
   }
   const PhantomStream stream = getCurrentPhantomStream(device.index());
-  auto work = [op, kernel_args = std::move(kernel_args), fresh = std::move(fresh)] {
+  auto work = [op, kernel_args = std::move(kernel_args), fresh = std::move(fresh),
+               wrong = std::move(wrong)] {
     KernelAliases aliases;
     torch::jit::Stack kernel_stack;
     kernel_stack.reserve(kernel_args.size());
@@ -387,13 +399,17 @@ void queueCpuKernel(const c10::OperatorHandle& op,
       at::Tensor out = aliases.alias(ref);
       const at::Tensor& cpu = cpu_results[index];
       // copy_ would broadcast a smaller result: a wrong answer computed
-      // ahead must fail loudly instead (PHANTOM_SYNC_GENERIC=1 avoids it).
+      // ahead must fail loudly instead, and not be used again.
+      if ((cpu.sizes() != out.sizes() || cpu.dtype() != out.dtype()) && wrong) {
+        wrong->store(true);
+      }
       TORCH_CHECK(cpu.sizes() == out.sizes() && cpu.dtype() == out.dtype(),
                   "result ", index, " of the CPU kernel has shape ",
                   cpu.sizes(), " and dtype ", cpu.dtype(), ", but ",
                   out.sizes(), " and ", out.dtype(), " were computed ahead "
-                  "for it on the host; run with PHANTOM_SYNC_GENERIC=1 to "
-                  "work around this, and report it");
+                  "for it on the host (the output's shape depends on the "
+                  "data; later calls with these argument shapes wait for "
+                  "the CPU kernel)");
       out.copy_(cpu);
     }
   };
@@ -406,7 +422,7 @@ void queueCpuKernel(const c10::OperatorHandle& op,
   }
 }
 
-// --- Remembered Meta results --------------------------------------------
+// --- Remembered outputs --------------------------------------------------
 //
 // In torch 2.13 most core ops have a Python Meta kernel, slower than
 // waiting for the CPU kernel. But a program repeats itself: a training
@@ -414,27 +430,35 @@ void queueCpuKernel(const c10::OperatorHandle& op,
 // those ops the outputs' metadata is remembered per call signature (the
 // op, every tensor argument's dtype, sizes, strides, offset and storage
 // sharing, every other argument's value). The first call with a signature
-// runs the Python Meta kernel once, waits for the CPU kernel, and
-// remembers the Meta kernel's outputs if they are exactly what the CPU
-// kernel returned (verifyRemembered); later calls are queued with the
-// remembered outputs.
+// runs the Python Meta kernel once: if it raises, the outputs depend on the
+// data (or the arguments are refused) and the call waits. If it does not,
+// the CPU kernel runs once on the host over zeroed copies of the arguments
+// (TrialRun), which gives the CPU's own outputs and the resizes it makes to
+// out= arguments; the call is queued with them, and so are later ones.
 //
-// Python Meta kernels describe the general case, and the CPU kernel
+// The trial is what makes queuing the first call safe. Python Meta kernels
+// describe the general case and are lax about arguments, and the CPU kernel
 // sometimes answers differently for a signature: for its fast path
 // _embedding_bag returns an empty offset2bag where the Meta kernel gives
-// one of the indices' length. The Meta kernel still said the outputs do not
-// depend on the data (it ran), so then the CPU's own outputs are
-// remembered instead, once a second call has returned the same ones. The
-// queued work checks every result's shape and dtype against the remembered
-// ones and fails loudly (the stream's error, naming the op) if they ever
-// differ, rather than returning a wrong answer.
+// one of the indices' length; in eval mode batch norm saves no statistics;
+// the linalg kernels give an empty out= argument column-major strides.
+// And an argument error the Meta kernel does not check (multinomial on
+// integers) is raised by the trial at the call, as on the CPU, rather than
+// failing the stream later and losing the work queued behind it.
+// When the trial raises on zeros and on ones too (a singular matrix), the
+// call waits and the synchronous path checks the Meta kernel's answer
+// against the CPU's real outputs (verifyRemembered); the CPU's own ones are
+// remembered instead, once a second call has returned the same ones, if
+// they differ.
 //
-// Only outputs that are fresh tensors or an argument itself (in-place,
-// out=) are remembered, with the resizes of out= arguments (made on the
-// host before queuing: torch.arange fills an empty out= tensor). A
-// signature whose Meta kernel fails (data-dependent shapes) or returns a
-// view, or whose CPU kernel changes an argument in a way the answer did not
-// predict (a conj bit), is remembered as "wait".
+// The queued work checks every result's shape and dtype against the
+// remembered ones and fails loudly (the stream's error, naming the op) if
+// they ever differ, rather than return a wrong answer; the signature then
+// waits for good. Only outputs that are fresh tensors or an argument
+// itself (in-place, out=) are remembered. A signature whose results are
+// views, or whose CPU kernel changes an argument in a way queued work
+// cannot carry back (linalg_lu_solve(left=False) sets its out= result's
+// conj bit), is remembered as "wait".
 // Arguments the Meta kernel would have refused are not in the memo: a
 // remembered signature passed the kernel's checks before.
 
@@ -472,6 +496,9 @@ struct Remembered {
   std::vector<RememberedOutput> outputs;  // flattened
   std::vector<int> returns;  // per return: -1 tensor, n >= 0 list of n
   std::vector<ArgumentGeometry> resizes;  // out= arguments the call resizes
+  // Set by queued work whose CPU results had other shapes than the ones
+  // remembered (they depend on the data after all): the signature waits.
+  std::shared_ptr<std::atomic<bool>> wrong;
 };
 
 // At most this many signatures are remembered; a new one then replaces an
@@ -528,6 +555,10 @@ bool signatureOf(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
                  std::string* key) {
   key->reserve(256);
   put(*key, &op.schema());
+  // The name too: a schema freed with its library (torch.library ops in
+  // tests) can be reused at the same address by another op.
+  *key += op.schema().name();
+  *key += '\0';
   const bool pointwise = op.hasTag(at::Tag::pointwise);
   std::vector<const c10::StorageImpl*> storages;
   for (const c10::IValue& arg : args) {
@@ -570,8 +601,19 @@ bool signatureOf(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
       *key += ';';
     } else if (arg.isGenerator()) {
       *key += 'G';  // outputs do not depend on which generator draws
+    } else if (arg.isComplexDouble()) {
+      *key += 'Z';
+      if (!pointwise) {
+        const c10::complex<double> z = arg.toComplexDouble();
+        put(*key, z.real());
+        put(*key, z.imag());
+      }
+    } else if (arg.isDoubleList()) {
+      *key += 'd';
+      for (double v : arg.toDoubleList()) put(*key, v);
+      *key += ';';
     } else {
-      return false;  // complex scalars, other lists
+      return false;  // other lists
     }
   }
   return true;
@@ -604,7 +646,7 @@ void runRemembered(const c10::OperatorHandle& op, torch::jit::Stack* stack,
         break;
     }
   }
-  queueCpuKernel(op, args, std::move(fresh), device);
+  queueCpuKernel(op, args, std::move(fresh), device, remembered.wrong);
   torch::jit::drop(stack, num_args);
   size_t next = 0;
   for (int n : remembered.returns) {
@@ -643,6 +685,227 @@ bool rememberResults(c10::ArrayRef<c10::IValue> values, Remembered* out,
   return true;
 }
 
+// The op's CPU kernel run once on the host, over zeroed host memory laid
+// out like the arguments' device memory: the CPU's own answer for a call
+// signature (outputs, and how it changes its arguments), found at the call
+// and without waiting for the stream. Each phantom storage becomes one
+// zeroed buffer covering the bytes the call's tensors span in it (calloc:
+// pages nobody touches cost nothing), so views keep their overlaps; a
+// tensor passed twice is one CPU tensor twice. Random ops draw from a
+// fresh generator, not the device's or the CPU's. An error the kernel
+// raises here is a property of the arguments (a dimension out of range, a
+// dtype it refuses), or of zeros (an integer division by zero, pivots of
+// 0): a second trial then runs on ones, and if that raises too the call
+// takes the synchronous path, where the real data decides.
+class TrialRun {
+ public:
+  // `ones`: every phantom tensor holds ones instead of zeros.
+  TrialRun(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args,
+           bool ones = false)
+      : ones_(ones) {
+    for (const c10::IValue& arg : args) {
+      std::vector<at::Tensor> tensors;
+      flatten(arg, tensors);
+      if (arg.isOptionalTensorList()) {
+        for (const std::optional<at::Tensor>& t : arg.toOptionalTensorList()) {
+          if (t.has_value()) tensors.push_back(*t);
+        }
+      }
+      for (const at::Tensor& t : tensors) span(t);
+    }
+    for (auto& [key, buffer] : buffers_) allocate(buffer);
+    stack_.reserve(args.size());
+    for (size_t i = 0; i < args.size(); ++i) {
+      // A random op draws from a fresh generator, given or not (None would
+      // draw from the CPU's default one).
+      stack_.push_back(isGeneratorArgument(schema.arguments()[i])
+                           ? c10::IValue(at::detail::createCPUGenerator())
+                           : trialOf(args[i]));
+    }
+    for (size_t i = 0; i < args.size(); ++i) {
+      if (args[i].isTensor() && isPhantom(args[i].toTensor()) &&
+          args[i].toTensor().layout() == c10::kStrided) {
+        const at::Tensor& trial = stack_[i].toTensor();
+        before_.push_back(ArgumentGeometry::of(i, trial));
+        arguments_.emplace_back(i, trial);
+      }
+    }
+  }
+
+  // Runs the CPU kernel; false (with its message) if it raised.
+  bool run(const c10::OperatorHandle& op, std::string* error) {
+    if (!supported_) {
+      *error = "an argument is not a strided tensor";
+      return false;
+    }
+    try {
+      if (op.hasKernelForDispatchKey(c10::DispatchKey::CPU)) {
+        op.callBoxedForDispatchKey(c10::DispatchKey::CPU, stack_);
+      } else {
+        op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &stack_);
+      }
+    } catch (const c10::Error& e) {
+      *error = e.what_without_backtrace();
+      return false;
+    } catch (const std::exception& e) {
+      *error = e.what();
+      return false;
+    }
+    return true;
+  }
+
+  // After run(): the CPU's answer, as queued work can carry it out; false
+  // when it cannot (a result that is a view of an argument, an argument
+  // whose storage or conj/neg bit the kernel changed).
+  bool answer(Remembered* out) const {
+    for (size_t k = 0; k < arguments_.size(); ++k) {
+      const ArgumentGeometry& was = before_[k];
+      const ArgumentGeometry now = ArgumentGeometry::of(was.index, arguments_[k].second);
+      if (now.storage != was.storage || now.conj != was.conj || now.neg != was.neg) {
+        return false;
+      }
+      if (now.sizes != was.sizes || now.strides != was.strides || now.offset != was.offset) {
+        // Resized (out=), once per tensor; in device terms, undoing the
+        // buffer's shift.
+        const c10::TensorImpl* impl = arguments_[k].second.unsafeGetTensorImpl();
+        if (std::none_of(arguments_.begin(), arguments_.begin() + k, [&](const auto& a) {
+              return a.second.unsafeGetTensorImpl() == impl;
+            })) {
+          ArgumentGeometry resize = now;
+          resize.offset += shifts_.at(impl);
+          out->resizes.push_back(std::move(resize));
+        }
+      }
+    }
+    return rememberResults(stack_, out, [&](const at::Tensor& t, RememberedOutput* result) {
+      for (const auto& [index, trial] : arguments_) {
+        if (trial.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) {
+          *result = RememberedOutput::argumentAt(index);
+          return true;
+        }
+      }
+      if (t.layout() != c10::kStrided) return false;
+      if (t.has_storage() && buffers_by_storage_.count(t.storage().unsafeGetStorageImpl())) {
+        return false;  // a view of an argument
+      }
+      for (const c10::IValue& host : hosts_) {
+        if (t.has_storage() && host.toTensor().has_storage() &&
+            t.storage().is_alias_of(host.toTensor().storage())) {
+          return false;  // a view of a host argument
+        }
+      }
+      *result = RememberedOutput::freshLike(t);
+      return true;
+    });
+  }
+
+ private:
+  struct Buffer {
+    int64_t lo = std::numeric_limits<int64_t>::max();  // bytes
+    int64_t hi = 0;
+    c10::Storage storage;
+  };
+
+  static constexpr int64_t kAlignment = 64;
+
+  static void fillWithOnes(const at::Tensor& t) {
+    try {
+      t.fill_(1);
+    } catch (const std::exception&) {
+      // An expanded view (overlapping elements) keeps its zeros.
+    }
+  }
+
+  void span(const at::Tensor& t) {
+    if (!isPhantom(t) || t.layout() != c10::kStrided) return;
+    Buffer& buffer = buffers_[t.storage().unsafeGetStorageImpl()];
+    if (t.numel() == 0) return;
+    const int64_t itemsize = static_cast<int64_t>(t.dtype().itemsize());
+    int64_t last = t.storage_offset();
+    for (int64_t d = 0; d < t.dim(); ++d) last += (t.size(d) - 1) * t.stride(d);
+    buffer.lo = std::min(buffer.lo, t.storage_offset() * itemsize);
+    buffer.hi = std::max(buffer.hi, (last + 1) * itemsize);
+  }
+
+  void allocate(Buffer& buffer) {
+    if (buffer.hi <= buffer.lo) {
+      buffer.lo = 0;
+      buffer.hi = 0;
+    }
+    buffer.lo -= buffer.lo % kAlignment;
+    const size_t nbytes = static_cast<size_t>(buffer.hi - buffer.lo);
+    void* data = nbytes == 0 ? nullptr : std::calloc(nbytes, 1);
+    TORCH_CHECK(nbytes == 0 || data != nullptr, "phantom: cannot allocate ",
+                nbytes, " bytes of host memory for the trial run of a call");
+    buffer.storage = c10::Storage(
+        c10::Storage::use_byte_size_t(), nbytes,
+        c10::DataPtr(data, data, &std::free, c10::Device(c10::kCPU)),
+        c10::GetCPUAllocator(), /*resizable=*/true);
+    buffers_by_storage_.insert(buffer.storage.unsafeGetStorageImpl());
+  }
+
+  at::Tensor trialOf(const at::Tensor& t) {
+    if (!isPhantom(t)) {
+      if (t.defined()) hosts_.emplace_back(t);
+      return t;
+    }
+    const auto known = by_impl_.find(t.unsafeGetTensorImpl());
+    if (known != by_impl_.end()) return known->second;
+    at::Tensor trial;
+    if (t.layout() != c10::kStrided) {
+      supported_ = false;  // run() declines
+      trial = t;
+    } else {
+      const Buffer& buffer = buffers_.at(t.storage().unsafeGetStorageImpl());
+      const int64_t itemsize = static_cast<int64_t>(t.dtype().itemsize());
+      const int64_t shift = t.numel() == 0 ? t.storage_offset() : buffer.lo / itemsize;
+      trial = at::detail::make_tensor<c10::TensorImpl>(
+          c10::Storage(buffer.storage), c10::DispatchKeySet(c10::DispatchKey::CPU),
+          t.dtype());
+      trial.unsafeGetTensorImpl()->set_sizes_and_strides(
+          t.sizes(), t.strides(), t.storage_offset() - shift);
+      trial.unsafeGetTensorImpl()->_set_conj(t.is_conj());
+      trial.unsafeGetTensorImpl()->_set_neg(t.is_neg());
+      shifts_.emplace(trial.unsafeGetTensorImpl(), shift);
+      if (ones_) fillWithOnes(trial);
+    }
+    by_impl_.emplace(t.unsafeGetTensorImpl(), trial);
+    return trial;
+  }
+
+  c10::IValue trialOf(const c10::IValue& value) {
+    if (value.isTensor()) return trialOf(value.toTensor());
+    if (value.isTensorList()) {
+      c10::List<at::Tensor> list;
+      for (const at::Tensor& t : value.toTensorList()) list.push_back(trialOf(t));
+      return list;
+    }
+    if (value.isOptionalTensorList()) {
+      c10::List<std::optional<at::Tensor>> list;
+      for (const std::optional<at::Tensor>& t : value.toOptionalTensorList()) {
+        list.push_back(t.has_value() ? std::optional<at::Tensor>(trialOf(*t))
+                                     : std::nullopt);
+      }
+      return list;
+    }
+    if (value.isDevice() && value.toDevice().type() == c10::DeviceType::PrivateUse1) {
+      return c10::Device(c10::kCPU);
+    }
+    return value;
+  }
+
+  std::unordered_map<const c10::StorageImpl*, Buffer> buffers_;  // by phantom storage
+  std::unordered_set<const c10::StorageImpl*> buffers_by_storage_;  // trial storages
+  std::unordered_map<const c10::TensorImpl*, at::Tensor> by_impl_;  // phantom -> trial
+  std::unordered_map<const c10::TensorImpl*, int64_t> shifts_;  // trial -> offset shift
+  std::vector<c10::IValue> hosts_;  // host tensors passed as they are
+  std::vector<std::pair<size_t, at::Tensor>> arguments_;  // index, trial tensor
+  std::vector<ArgumentGeometry> before_;  // of arguments_, before the run
+  torch::jit::Stack stack_;
+  bool ones_;
+  bool supported_ = true;
+};
+
 // What the Meta kernel gave, as remembered outputs and resizes; false when
 // it cannot be remembered (a view, an argument inside a list).
 bool rememberable(const MetaMirror& mirror, c10::ArrayRef<c10::IValue> args,
@@ -658,6 +921,38 @@ bool rememberable(const MetaMirror& mirror, c10::ArrayRef<c10::IValue> args,
     *result = RememberedOutput::freshLike(meta);
     return mirror.storageFor(meta) == nullptr;  // a view is not remembered
   });
+}
+
+// True when two answers are the same outputs and resizes.
+bool sameAnswer(const Remembered& a, const Remembered& b) {
+  if (a.returns != b.returns || a.outputs.size() != b.outputs.size() ||
+      a.resizes.size() != b.resizes.size()) {
+    return false;
+  }
+  for (size_t i = 0; i < a.outputs.size(); ++i) {
+    const RememberedOutput& x = a.outputs[i];
+    const RememberedOutput& y = b.outputs[i];
+    if (x.kind != y.kind || x.argument != y.argument || x.dtype != y.dtype ||
+        x.sizes != y.sizes || x.strides != y.strides) {
+      return false;
+    }
+  }
+  for (size_t i = 0; i < a.resizes.size(); ++i) {
+    if (a.resizes[i].index != b.resizes[i].index || a.resizes[i].sizes != b.resizes[i].sizes ||
+        a.resizes[i].strides != b.resizes[i].strides ||
+        a.resizes[i].offset != b.resizes[i].offset) {
+      return false;
+    }
+  }
+  return true;
+}
+
+bool debugMemo() {
+  static const bool on = [] {
+    const char* value = std::getenv("PHANTOM_DEBUG_MEMO");
+    return value != nullptr && std::strcmp(value, "1") == 0;
+  }();
+  return on;
 }
 
 // The CPU kernel's real `results` (of the synchronous path) as remembered
@@ -757,6 +1052,7 @@ void verifyRemembered(const std::string& signature,
   }
   if (same) {
     entry.state = Remembered::State::kUsable;
+    entry.wrong = std::make_shared<std::atomic<bool>>(false);
     return;
   }
   // The Meta kernel's answer was not the CPU's (or the CPU's changed from
@@ -831,6 +1127,12 @@ const char* runGenericAsync(const c10::OperatorHandle& op,
                    "call signature (this call checks that the CPU kernel "
                    "repeats its outputs)";
           case Remembered::State::kUsable:
+            if (remembered.wrong && remembered.wrong->load()) {
+              remembered.state = Remembered::State::kWait;
+              return "the CPU kernel's output shapes for this call signature "
+                     "depend on the data (a queued call found other shapes "
+                     "than remembered)";
+            }
             usable = remembered;
             break;
         }
@@ -862,21 +1164,59 @@ const char* runGenericAsync(const c10::OperatorHandle& op,
            "arguments are refused (the CPU kernel then raises its own error)";
   }
   if (!signature.empty()) {
-    // Remembered only once the synchronous path has shown that the CPU
-    // kernel's real outputs are what the Meta kernel said.
+    // The Meta kernel ran, so the outputs do not depend on the data. The
+    // CPU kernel's answer for the signature comes from a trial run on the
+    // host, and the call is queued with it.
+    std::string trial_error;
+    Remembered cpu;
+    std::optional<TrialRun> trial(std::in_place, schema, args);
+    bool ran = trial->run(op, &trial_error);
+    if (!ran) {
+      trial.emplace(schema, args, /*ones=*/true);
+      ran = trial->run(op, &trial_error);
+    }
+    const bool usable = ran && trial->answer(&cpu);
+    if (debugMemo()) {
+      Remembered meta;
+      const bool meta_ok = rememberable(mirror, args, meta_stack, &meta);
+      if (!ran) {
+        std::fprintf(stderr, "phantom: %s: the trial run raised: %s\n",
+                     schema.name().c_str(), trial_error.c_str());
+      } else if (!usable || !meta_ok || !sameAnswer(meta, cpu)) {
+        std::fprintf(stderr, "phantom: %s: the Meta kernel's answer is not the "
+                     "CPU kernel's%s\n", schema.name().c_str(),
+                     usable ? "" : " (and the CPU's cannot be queued)");
+      }
+    }
+    if (usable) {
+      cpu.state = Remembered::State::kUsable;
+      cpu.from_cpu = true;
+      cpu.wrong = std::make_shared<std::atomic<bool>>(false);
+      {
+        std::lock_guard<std::mutex> lock(memoMutex());
+        memo()[signature] = cpu;
+      }
+      runRemembered(op, stack, cpu, device);
+      return nullptr;
+    }
     Remembered remembered;
-    const bool ok = rememberable(mirror, args, meta_stack, &remembered);
+    const bool ok = ran ? false : rememberable(mirror, args, meta_stack, &remembered);
     std::lock_guard<std::mutex> lock(memoMutex());
     Remembered& entry = memo()[signature];
-    entry.state = ok ? Remembered::State::kVerifying : Remembered::State::kWait;
-    entry.outputs = std::move(remembered.outputs);
-    entry.returns = std::move(remembered.returns);
-    entry.resizes = std::move(remembered.resizes);
-    if (ok && verify_signature != nullptr) {
-      *verify_signature = std::move(signature);
+    entry = std::move(remembered);
+    if (!ran) {
+      // The real data decides: the synchronous path raises the CPU's error
+      // at the call, or checks the Meta kernel's answer against the CPU's.
+      entry.state = ok ? Remembered::State::kVerifying : Remembered::State::kWait;
+      if (ok && verify_signature != nullptr) {
+        *verify_signature = std::move(signature);
+      }
+      return "its Meta kernel is Python, and the CPU kernel raised on a trial "
+             "run with zeros (the first call with a signature then waits)";
     }
-    return "its Meta kernel is Python (the first call with a signature checks "
-           "its outputs against the CPU kernel's)";
+    entry.state = Remembered::State::kWait;
+    return "the CPU kernel returns a view of an argument, or changes an "
+           "argument in a way queued work cannot carry back (a conj bit)";
   }
 
   // 2. Outputs on the device, on the host, before anything runs.

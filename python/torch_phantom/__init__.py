@@ -51,7 +51,7 @@ def _check_switches() -> None:
     malformed PHANTOM_ALLOC_CONF is."""
     import os
 
-    for name in ("PHANTOM_SYNC_GENERIC", "PHANTOM_OPS_REPORT"):
+    for name in ("PHANTOM_SYNC_GENERIC", "PHANTOM_OPS_REPORT", "PHANTOM_DEBUG_MEMO"):
         value = os.environ.get(name)
         if value not in (None, "", "0", "1"):
             raise ValueError(

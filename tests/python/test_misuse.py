@@ -468,6 +468,8 @@ CONFIG_CASES = [
      r"PHANTOM_SYNC_GENERIC='yes' is not 0 or 1; set PHANTOM_SYNC_GENERIC=1 to turn it on"),
     ("ops_report_not_a_switch", {"PHANTOM_OPS_REPORT": "true"}, "import", "ValueError",
      r"PHANTOM_OPS_REPORT='true' is not 0 or 1"),
+    ("debug_memo_not_a_switch", {"PHANTOM_DEBUG_MEMO": "on"}, "import", "ValueError",
+     r"PHANTOM_DEBUG_MEMO='on' is not 0 or 1"),
 ]
 
 _CONFIG_SCRIPT = """

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import torch_phantom
+from conftest import run_python
 
 P = torch.phantom
 
@@ -202,32 +203,63 @@ def _paths(op):
     return (row["async"], row["sync"]) if row else (0, 0)
 
 
-def test_an_op_with_a_python_meta_kernel_is_queued_from_its_second_identical_call():
+def _slow_kernel_on(stream, microseconds=30000):
+    """Queues on `stream` one kernel that takes `microseconds`."""
+    warm = torch.ones(8, device="phantom")
+    with P.stream(stream):
+        P.faults.set_latency_us(microseconds)
+        try:
+            warm * 2
+        finally:
+            P.faults.set_latency_us(0)
+
+
+def test_an_op_with_a_python_meta_kernel_is_queued_from_its_first_call():
     # index_select's Meta kernel is Python in torch 2.13: too slow to run on
-    # every call, so the first call checks the Meta kernel's answer against
-    # the CPU's (and waits for it), and later ones are queued with it.
+    # every call, so the outputs are remembered per call signature. The
+    # first call learns them from a trial run of the CPU kernel on the
+    # host, and is queued: it returns while the stream is still busy.
     table = _rand(50, 8)
     index = torch.tensor([3, 1, 4, 1, 5, 9])
     expected = table.index_select(0, index)
     t, i = table.to("phantom"), index.to("phantom")
+    stream = P.Stream()
     torch_phantom.reset_ops_report()
-    results = [t.index_select(0, i) for _ in range(5)]
-    queued, waited = _paths("aten::index_select")
-    assert (queued, waited) == (4, 1)
+    _slow_kernel_on(stream)
+    with P.stream(stream):
+        results = [t.index_select(0, i) for _ in range(5)]
+        assert not stream.query()
+    assert _paths("aten::index_select") == (5, 0)
+    stream.synchronize()
     for r in results:
         assert torch.equal(r.cpu(), expected)
-    # Another shape is another signature: it waits once, then is queued.
+    # Another shape is another signature, queued from its first call too.
     got = [t.index_select(0, i[:3]) for _ in range(2)]
-    assert _paths("aten::index_select") == (5, 2)
+    assert _paths("aten::index_select") == (7, 0)
     for g in got:
         assert torch.equal(g.cpu(), expected[:3])
 
 
-def test_a_meta_answer_that_differs_from_the_cpu_is_replaced_by_the_cpus():
+def test_an_argument_error_the_meta_kernel_misses_is_raised_at_the_call():
+    # multinomial's Python Meta kernel does not check the input's dtype; the
+    # CPU kernel does. The trial run raises it at the call, as on the CPU,
+    # and nothing is left queued to fail later.
+    probs = torch.ones(3, dtype=torch.long)
+    with pytest.raises(RuntimeError) as cpu_error:
+        torch.multinomial(probs, 1)
+    with pytest.raises(RuntimeError) as phantom_error:
+        torch.multinomial(probs.to("phantom"), 1)
+    assert str(phantom_error.value) == str(cpu_error.value)
+    with pytest.raises(IndexError, match="Dimension out of range"):
+        torch.randn(3, device="phantom").softmax(5)
+    P.synchronize()
+
+
+def test_a_meta_answer_that_differs_from_the_cpu_is_never_used():
     # For the CPU's fast path _embedding_bag returns an empty offset2bag;
-    # its Meta kernel says one of the indices' length. The memo must see the
-    # difference, never use the Meta answer, and remember the CPU's own
-    # outputs once a second call has returned the same ones.
+    # its Meta kernel says one of the indices' length. The trial run gives
+    # the CPU's own outputs, and every call, the first included, is queued
+    # with them.
     weight = _rand(20, 4)
     indices = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9])
     offsets = torch.tensor([0, 3, 5])
@@ -238,7 +270,33 @@ def test_a_meta_answer_that_differs_from_the_cpu_is_replaced_by_the_cpus():
         got = torch._embedding_bag(*args, False, 0, False, None, False, -1)
         for g, e in zip(got, expected):
             assert g.shape == e.shape and torch.equal(g.cpu(), e)
-    assert _paths("aten::_embedding_bag") == (2, 2)
+    assert _paths("aten::_embedding_bag") == (4, 0)
+
+
+def _op_with_meta(name, schema, cpu, meta):
+    lib = torch.library.Library(name, "DEF")
+    lib.define(schema)
+    op_name = schema.split("(")[0]
+    lib.impl(op_name, cpu, "CPU")
+    lib.impl(op_name, meta, "Meta")
+    return lib, getattr(getattr(torch.ops, name), op_name)
+
+
+def test_a_resize_the_meta_kernel_does_not_predict_is_made_on_the_host():
+    # The CPU kernel resizes its in-place argument to 4 elements, which the
+    # Meta kernel does not say. The trial run sees it, so the host resizes
+    # the device tensor before the call is queued.
+    def grow(x):
+        x.resize_(4).fill_(7.0)
+        return x
+    lib, grow_ = _op_with_meta(
+        "phantom_test_grow", "grow_(Tensor(a!) x) -> Tensor(a!)", grow, lambda x: x)
+    x = torch.zeros(3, device="phantom")
+    torch_phantom.reset_ops_report()
+    assert grow_(x) is x
+    assert x.shape == (4,) and torch.equal(x.cpu(), torch.full((4,), 7.0))
+    assert _paths("phantom_test_grow::grow_") == (1, 0)
+    del lib
 
 
 def test_data_dependent_ops_keep_waiting():
@@ -260,7 +318,7 @@ def test_a_pointwise_op_is_remembered_whatever_its_float_scalar():
         value = -0.1 / step
         pp.addcdiv_(gp, dp, value=value)
         p.addcdiv_(g, d, value=value)
-    assert _paths("aten::addcdiv") == (3, 1)  # addcdiv_ runs as addcdiv.out
+    assert _paths("aten::addcdiv") == (4, 0)  # addcdiv_ runs as addcdiv.out
     assert torch.equal(pp.cpu(), p)
     # A float argument of an op that is not pointwise still tells signatures
     # apart (here it decides the output's shape).
@@ -269,23 +327,48 @@ def test_a_pointwise_op_is_remembered_whatever_its_float_scalar():
         assert torch.equal(got.cpu(), torch.arange(0.0, end, 0.5))
 
 
+def test_complex_scalars_are_part_of_a_call_signature():
+    # addmm with complex alpha and beta (not pointwise: the values count)
+    # and masked_fill_ with a complex value are remembered and queued
+    # like any other call, and give the CPU's answer.
+    a, b, c = (torch.randn(3, 3, dtype=torch.complex64) for _ in range(3))
+    pa, pb, pc = (t.to("phantom") for t in (a, b, c))
+    torch_phantom.reset_ops_report()
+    for beta, alpha in ((1 + 1j, 2 - 1j), (1 + 1j, 2 - 1j), (0.5j, 1)):
+        got = torch.addmm(pc, pa, pb, beta=beta, alpha=alpha)
+        assert torch.allclose(got.cpu(), torch.addmm(c, a, b, beta=beta, alpha=alpha))
+    mask = torch.tensor([True, False, True])
+    x = torch.zeros(3, dtype=torch.complex64)
+    px = x.to("phantom")
+    for value in (1 + 2j, 3 - 1j):
+        px.masked_fill_(mask.to("phantom"), value)
+        x.masked_fill_(mask, value)
+        assert torch.equal(px.cpu(), x)
+    assert _paths("aten::addmm")[1] == 0
+    assert _paths("aten::masked_fill_")[1] == 0
+
+
 def test_a_result_that_differs_from_the_one_computed_ahead_fails_loudly():
-    # A Meta kernel that is wrong for some data: the queued work must not
-    # broadcast the CPU's result into the output computed ahead, but fail
-    # with an error naming the op at the next sync.
-    lib = torch.library.Library("phantom_test_ahead", "DEF")
-    lib.define("head(Tensor x) -> Tensor")
-    lib.impl("head", lambda x: x[: int(x[0])].clone(), "CPU")
-    lib.impl("head", lambda x: x.new_empty(3), "Meta")
-    head = torch.ops.phantom_test_ahead.head
+    # An op whose output shape depends on the data, with a Meta kernel that
+    # says it does not: the trial run on zeros gives one shape, the real
+    # data another. The queued work must not broadcast the CPU's result
+    # into the output computed ahead, but fail at the next sync, naming the
+    # op; later calls with that signature then wait and are right.
+    lib, head = _op_with_meta(
+        "phantom_test_ahead", "head(Tensor x) -> Tensor",
+        lambda x: x[: int(x[0])].clone(), lambda x: x.new_empty(3))
     good = torch.tensor([3.0, 1.0, 2.0, 5.0], device="phantom")
-    assert torch.equal(head(good).cpu(), torch.tensor([3.0, 1.0, 2.0]))
     stream = P.Stream()
     with P.stream(stream):
-        head(torch.tensor([1.0, 1.0, 2.0, 5.0], device="phantom"))
-        with pytest.raises(RuntimeError, match=r"phantom_test_ahead::head.*shape \[1\]"):
+        head(good)
+        with pytest.raises(RuntimeError, match=r"phantom_test_ahead::head.*shape \[3\]"):
             stream.synchronize()
+    torch_phantom.reset_ops_report()
     assert torch.equal(head(good).cpu(), torch.tensor([3.0, 1.0, 2.0]))
+    one = torch.tensor([1.0, 1.0, 2.0, 5.0], device="phantom")
+    assert torch.equal(head(one).cpu(), torch.tensor([1.0]))
+    assert _paths("phantom_test_ahead::head") == (0, 2)
+    del lib
 
 
 def test_an_op_whose_cpu_entry_is_a_composite_is_queued_too():
@@ -300,7 +383,7 @@ def test_an_op_whose_cpu_entry_is_a_composite_is_queued_too():
         got = torch.native_group_norm(*args, 4, 6, 5, 2, 1e-5)
         for g, e in zip(got, expected):
             assert torch.equal(g.cpu(), e)
-    assert _paths("aten::native_group_norm") == (2, 1)
+    assert _paths("aten::native_group_norm") == (3, 0)
 
 
 def test_an_out_argument_the_call_resizes_is_resized_on_the_host_and_queued():
@@ -311,7 +394,7 @@ def test_an_out_argument_the_call_resizes_is_resized_on_the_host_and_queued():
     for n in (5, 5, 5, 9, 9):
         got = torch.arange(n, device="phantom")
         assert got.shape == (n,) and torch.equal(got.cpu(), torch.arange(n))
-    assert _paths("aten::arange") == (3, 2)
+    assert _paths("aten::arange") == (5, 0)
     a, b = _rand(3, 4), _rand(4, 3).t()
     expected = torch.atan2(a, b)
     pa, pb = a.to("phantom"), b.to("phantom")
@@ -319,21 +402,55 @@ def test_an_out_argument_the_call_resizes_is_resized_on_the_host_and_queued():
         out = torch.empty(0, device="phantom")
         assert torch.atan2(pa, pb, out=out) is out
         assert out.shape == (3, 4) and torch.equal(out.cpu(), expected)
-    assert _paths("aten::atan2") == (2, 1)
+    assert _paths("aten::atan2") == (3, 0)
+    # linalg_solve gives an empty out= argument column-major strides, which
+    # its Meta kernel does not say: the CPU's are the ones made on the host.
+    A = _rand(4, 4) + 4 * torch.eye(4)
+    B = _rand(4, 2)
+    cpu_out = torch.empty(0)
+    torch.linalg.solve(A, B, out=cpu_out)
+    for _ in range(2):
+        out = torch.empty(0, device="phantom")
+        torch.linalg.solve(A.to("phantom"), B.to("phantom"), out=out)
+        assert out.stride() == cpu_out.stride()
+        assert torch.allclose(out.cpu(), cpu_out)
 
 
 def test_a_signature_whose_checking_call_raised_is_checked_again():
-    # The first call of a signature checks the Meta answer; if the CPU
-    # kernel raises instead (an index out of range: data, not shape), the
-    # next call with that signature must check again and then be queued,
-    # not wait for a check that never comes.
-    table = _rand(10, 4).to("phantom")
-    bad = torch.tensor([1, 2, 99], device="phantom")
-    good = torch.tensor([1, 2, 3], device="phantom")
+    # cholesky's trial run raises on zeros and on ones (neither is positive
+    # definite), so its first call with a signature waits and checks the
+    # Meta kernel's answer against the CPU's. If the CPU kernel raises
+    # instead (a matrix that is not positive definite: data, not shape),
+    # the next call with that signature must check again and then be
+    # queued, not wait for a check that never comes.
+    bad = -torch.eye(3, device="phantom")
+    good = 2 * torch.eye(3)
     torch_phantom.reset_ops_report()
-    with pytest.raises(IndexError, match="out of range"):
-        table.index_select(0, bad)
-    results = [table.index_select(0, good) for _ in range(3)]
-    assert _paths("aten::index_select") == (2, 2)
+    with pytest.raises(RuntimeError, match="not positive-definite"):
+        torch.cholesky(bad)
+    results = [torch.cholesky(good.to("phantom")) for _ in range(4)]
+    assert _paths("aten::cholesky") == (3, 2)
     for r in results:
-        assert torch.equal(r.cpu(), table.cpu()[[1, 2, 3]])
+        assert torch.allclose(r.cpu(), torch.cholesky(good))
+
+
+def test_debug_memo_names_the_ops_whose_meta_kernel_is_not_the_cpus():
+    # PHANTOM_DEBUG_MEMO=1 is how the disagreements between Python Meta
+    # kernels and CPU kernels are found: it names each one on stderr.
+    code = """
+import torch
+w = torch.randn(20, 4, device="phantom")
+i = torch.tensor([1, 2, 4, 5], device="phantom")
+o = torch.tensor([0, 2], device="phantom")
+torch._embedding_bag(w, i, o, False, 0, False, None, False, -1)
+torch.cholesky(2 * torch.eye(3, device="phantom"))
+torch.phantom.synchronize()
+"""
+    quiet = run_python(code)
+    assert quiet.returncode == 0, quiet.stderr
+    assert "phantom:" not in quiet.stderr
+    result = run_python(code, extra_env={"PHANTOM_DEBUG_MEMO": "1"})
+    assert result.returncode == 0, result.stderr
+    assert ("aten::_embedding_bag: the Meta kernel's answer is not the CPU kernel's"
+            in result.stderr)
+    assert "aten::cholesky: the trial run raised: cholesky: The factorization" in result.stderr

@@ -254,7 +254,7 @@ def _async_count(op):
 
 def test_a_draw_is_queued_and_still_draws_the_cpus_numbers():
     x = torch.empty(1000, device="phantom")
-    x.normal_()  # the first call with a signature checks its Meta kernel
+    x.normal_()
     P.synchronize()
     stream = P.Stream()
     torch.manual_seed(SEED)
@@ -289,8 +289,20 @@ def test_draws_on_two_streams_happen_in_the_order_the_host_called_them():
 
 
 def test_a_waiting_random_op_draws_after_the_queued_ones():
-    # randperm with a new size waits (its first call checks the Meta
-    # kernel); a draw queued before it on a slower stream must come first.
+    # A random op whose output shape depends on the data waits (its Meta
+    # kernel raises); a draw queued before it on a slower stream must come
+    # first.
+    lib = torch.library.Library("phantom_test_draws", "DEF")
+    lib.define("draw_n(Tensor n, Generator? generator=None) -> Tensor")
+
+    def draw_n(n, generator=None):
+        return torch.empty(int(n.item())).uniform_(generator=generator)
+
+    def data_dependent(n, generator=None):
+        raise RuntimeError("the output's shape depends on the data")
+
+    lib.impl("draw_n", draw_n, "CPU")
+    lib.impl("draw_n", data_dependent, "Meta")
     slow = P.Stream()
     a = torch.empty(300, device="phantom")
     a.exponential_()
@@ -299,11 +311,15 @@ def test_a_waiting_random_op_draws_after_the_queued_ones():
     _slow_kernel_on(slow)
     with P.stream(slow):
         a.exponential_()
-    perm = torch.randperm(257, device="phantom")
+    torch_phantom.reset_ops_report()
+    drawn = torch.ops.phantom_test_draws.draw_n(torch.tensor(257, device="phantom"))
+    assert [r["sync"] for r in torch_phantom.ops_report()
+            if r["op"] == "phantom_test_draws::draw_n"] == [1]
     torch.manual_seed(SEED)
     cpu_a = torch.empty(300).exponential_()
     assert torch.equal(a.cpu(), cpu_a)
-    assert torch.equal(perm.cpu(), torch.randperm(257))
+    assert torch.equal(drawn.cpu(), torch.empty(257).uniform_())
+    del lib
 
 
 def test_rng_state_read_while_draws_are_queued_includes_them():
@@ -350,3 +366,18 @@ def test_a_failed_queued_draw_is_reported_by_the_next_sync_not_by_get_rng_state(
             stream.synchronize()
     P.manual_seed(SEED)  # the generator stays usable
     assert torch.multinomial(probabilities, 1).cpu().item() in (0, 1)
+
+
+def test_the_first_call_of_a_new_shape_draws_the_devices_numbers_only():
+    # The first call with a signature learns its outputs from a trial run
+    # of the CPU kernel on the host: that run must draw neither from the
+    # phantom generator nor from the CPU's default one.
+    torch.manual_seed(SEED)
+    cpu_state = torch.get_rng_state()
+    torch.phantom.manual_seed(SEED + 2)
+    x = torch.empty(37, 3, device="phantom").normal_()
+    y = torch.rand(5, 41, device="phantom")
+    assert torch.equal(torch.get_rng_state(), cpu_state)
+    torch.manual_seed(SEED + 2)
+    assert torch.equal(x.cpu(), torch.empty(37, 3).normal_())
+    assert torch.equal(y.cpu(), torch.rand(5, 41))

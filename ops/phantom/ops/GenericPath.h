@@ -110,8 +110,8 @@ inline std::vector<ArgumentGeometry> argumentGeometries(
 // on `stack` by its results. Returns nullptr on success, or (leaving the
 // stack untouched) why the op has to take the synchronous path.
 // When it declines but wants the synchronous path's results checked
-// against a remembered Meta answer (AsyncFallback.cpp, "Remembered Meta
-// results"), it sets *verify_signature; the caller then passes the results
+// against a remembered Meta answer (AsyncFallback.cpp, "Remembered
+// outputs"), it sets *verify_signature; the caller then passes the results
 // to verifyRemembered.
 const char* runGenericAsync(const c10::OperatorHandle& op,
                             torch::jit::Stack* stack, c10::Device device,
