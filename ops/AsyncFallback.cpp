@@ -713,6 +713,14 @@ class TrialRun {
       }
       for (const at::Tensor& t : tensors) span(t);
     }
+    int64_t total = 0;
+    for (const auto& [key, buffer] : buffers_) {
+      if (buffer.hi > buffer.lo) total += buffer.hi - buffer.lo;
+    }
+    if (total > kMaxBytes) {
+      feasible_ = false;
+      return;
+    }
     for (auto& [key, buffer] : buffers_) allocate(buffer);
     stack_.reserve(args.size());
     for (size_t i = 0; i < args.size(); ++i) {
@@ -731,6 +739,15 @@ class TrialRun {
       }
     }
   }
+
+  // Largest argument memory a trial copies (the buffers' total); a call
+  // over more waits instead: the trial would cost as much as the kernel,
+  // and a kernel that writes its arguments would fault in that much host
+  // memory.
+  static constexpr int64_t kMaxBytes = int64_t{64} << 20;
+
+  // False when the arguments span more than kMaxBytes: no trial runs.
+  bool feasible() const { return feasible_; }
 
   // Runs the CPU kernel; false (with its message) if it raised.
   bool run(const c10::OperatorHandle& op, std::string* error) {
@@ -903,6 +920,7 @@ class TrialRun {
   std::vector<ArgumentGeometry> before_;  // of arguments_, before the run
   torch::jit::Stack stack_;
   bool ones_;
+  bool feasible_ = true;
   bool supported_ = true;
 };
 
@@ -1170,8 +1188,10 @@ const char* runGenericAsync(const c10::OperatorHandle& op,
     std::string trial_error;
     Remembered cpu;
     std::optional<TrialRun> trial(std::in_place, schema, args);
-    bool ran = trial->run(op, &trial_error);
-    if (!ran) {
+    bool ran = false;
+    if (!trial->feasible()) {
+      trial_error = "the arguments span more than 64 MiB";
+    } else if (!(ran = trial->run(op, &trial_error))) {
       trial.emplace(schema, args, /*ones=*/true);
       ran = trial->run(op, &trial_error);
     }
@@ -1180,8 +1200,9 @@ const char* runGenericAsync(const c10::OperatorHandle& op,
       Remembered meta;
       const bool meta_ok = rememberable(mirror, args, meta_stack, &meta);
       if (!ran) {
-        std::fprintf(stderr, "phantom: %s: the trial run raised: %s\n",
-                     schema.name().c_str(), trial_error.c_str());
+        std::fprintf(stderr, "phantom: %s: %s%s\n", schema.name().c_str(),
+                     trial->feasible() ? "the trial run raised: " : "no trial run: ",
+                     trial_error.c_str());
       } else if (!usable || !meta_ok || !sameAnswer(meta, cpu)) {
         std::fprintf(stderr, "phantom: %s: the Meta kernel's answer is not the "
                      "CPU kernel's%s\n", schema.name().c_str(),
@@ -1211,8 +1232,13 @@ const char* runGenericAsync(const c10::OperatorHandle& op,
       if (ok && verify_signature != nullptr) {
         *verify_signature = std::move(signature);
       }
-      return "its Meta kernel is Python, and the CPU kernel raised on a trial "
-             "run with zeros (the first call with a signature then waits)";
+      return trial->feasible()
+                 ? "its Meta kernel is Python, and the CPU kernel raised on "
+                   "trial runs with zeros and ones (the first call with a "
+                   "signature then waits)"
+                 : "its Meta kernel is Python, and the arguments are too large "
+                   "for a trial run (over 64 MiB: the first call with a "
+                   "signature then waits)";
     }
     entry.state = Remembered::State::kWait;
     return "the CPU kernel returns a view of an argument, or changes an "

@@ -273,6 +273,23 @@ def test_a_meta_answer_that_differs_from_the_cpu_is_never_used():
     assert _paths("aten::_embedding_bag") == (4, 0)
 
 
+def test_a_first_call_over_more_than_64_mib_waits_instead_of_a_trial():
+    # A trial run copies the memory the arguments span; past 64 MiB it
+    # would cost as much as the kernel, so that first call waits and checks
+    # the Meta kernel's answer instead. A small slice of the same storage
+    # spans little and is queued from its first call.
+    big = torch.arange(17 * 2**20, dtype=torch.int32, device="phantom")  # 68 MiB
+    index = torch.tensor([5, 2**24 + 3], device="phantom")
+    torch_phantom.reset_ops_report()
+    got = [big.index_select(0, index) for _ in range(2)]
+    assert _paths("aten::index_select") == (1, 1)
+    for g in got:
+        assert g.cpu().tolist() == [5, 2**24 + 3]
+    window = big[2**24:2**24 + 8]
+    assert window.index_select(0, index[:1]).cpu().tolist() == [2**24 + 5]
+    assert _paths("aten::index_select") == (2, 1)
+
+
 def _op_with_meta(name, schema, cpu, meta):
     lib = torch.library.Library(name, "DEF")
     lib.define(schema)
