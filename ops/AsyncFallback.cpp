@@ -23,8 +23,8 @@
 // ~100-300 us with the GIL, far more than the CPU kernel) is run once per
 // call signature, to learn that the outputs do not depend on the data; the
 // outputs themselves come from a trial run of the CPU kernel on the host
-// and are remembered ("Remembered outputs", below). That first call is
-// queued too. Random ops are queued too: the device's generator is handed
+// and are remembered ("Remembered outputs", below); that first call is
+// queued as well. Random ops are queued too: the device's generator is handed
 // to the CPU kernel on the worker, and PhantomGeneratorImpl::queueDraw keeps
 // the draws in the order the host called the ops (Generator.h), so phantom
 // keeps drawing the CPU's numbers.
@@ -52,11 +52,11 @@
 
 #include <algorithm>
 #include <atomic>
-#include <limits>
-#include <memory>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -400,16 +400,17 @@ void queueCpuKernel(const c10::OperatorHandle& op,
       const at::Tensor& cpu = cpu_results[index];
       // copy_ would broadcast a smaller result: a wrong answer computed
       // ahead must fail loudly instead, and not be used again.
-      if ((cpu.sizes() != out.sizes() || cpu.dtype() != out.dtype()) && wrong) {
-        wrong->store(true);
+      if (cpu.sizes() != out.sizes() || cpu.dtype() != out.dtype()) {
+        if (wrong) wrong->store(true);
+        TORCH_CHECK(false, "result ", index, " of the CPU kernel has shape ",
+                    cpu.sizes(), " and dtype ", cpu.dtype(), ", but ",
+                    out.sizes(), " and ", out.dtype(), " were computed ahead "
+                    "for it on the host: the output depends on the data. ",
+                    wrong ? "Later calls with these argument shapes wait for "
+                            "the CPU kernel"
+                          : "Run with PHANTOM_SYNC_GENERIC=1 to work around "
+                            "it, and report it");
       }
-      TORCH_CHECK(cpu.sizes() == out.sizes() && cpu.dtype() == out.dtype(),
-                  "result ", index, " of the CPU kernel has shape ",
-                  cpu.sizes(), " and dtype ", cpu.dtype(), ", but ",
-                  out.sizes(), " and ", out.dtype(), " were computed ahead "
-                  "for it on the host (the output's shape depends on the "
-                  "data; later calls with these argument shapes wait for "
-                  "the CPU kernel)");
       out.copy_(cpu);
     }
   };
@@ -445,11 +446,11 @@ void queueCpuKernel(const c10::OperatorHandle& op,
 // And an argument error the Meta kernel does not check (multinomial on
 // integers) is raised by the trial at the call, as on the CPU, rather than
 // failing the stream later and losing the work queued behind it.
-// When the trial raises on zeros and on ones too (a singular matrix), the
-// call waits and the synchronous path checks the Meta kernel's answer
-// against the CPU's real outputs (verifyRemembered); the CPU's own ones are
-// remembered instead, once a second call has returned the same ones, if
-// they differ.
+// When the trial raises on zeros and on ones too (a singular matrix), or
+// the arguments span more than TrialRun::kMaxBytes, the call waits and the
+// synchronous path checks the Meta kernel's answer against the CPU's real
+// outputs (verifyRemembered); if they differ, the CPU's own ones are
+// remembered instead, once a second call has returned the same ones.
 //
 // The queued work checks every result's shape and dtype against the
 // remembered ones and fails loudly (the stream's error, naming the op) if
