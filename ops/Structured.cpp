@@ -39,6 +39,7 @@
 #include <ATen/ops/cat_cpu_dispatch.h>
 #include <ATen/ops/cat_meta_dispatch.h>
 #include <ATen/ops/empty_strided.h>
+#include <ATen/native/Gelu.h>
 #include <ATen/ops/gelu_backward_cpu_dispatch.h>
 #include <ATen/ops/gelu_backward_meta_dispatch.h>
 #include <ATen/ops/gelu_cpu_dispatch.h>
@@ -309,7 +310,12 @@ NativeOpCounter gelu_counter("aten::gelu");
 T gelu(const T& self, c10::string_view approximate) {
   return runStructured<1>(
       gelu_counter, "", {&self},
-      [&](const Metas<1>& m) { return at::meta::gelu(m[0], approximate); },
+      [&](const Metas<1>& m) {
+        // The meta function leaves `approximate` to the kernel: check it
+        // here, so that a bad one is refused at the call.
+        at::native::get_gelutype_enum(approximate);
+        return at::meta::gelu(m[0], approximate);
+      },
       [approximate = std::string(approximate)](T& out, const Metas<1>& in) {
         at::cpu::gelu_out(out, in[0], approximate);
       },
@@ -357,6 +363,7 @@ T geluBackward(const T& grad_output, const T& self, c10::string_view approximate
   return runStructured<2>(
       gelu_backward_counter, "", {&grad_output, &self},
       [&](const Metas<2>& m) {
+        at::native::get_gelutype_enum(approximate);  // as in gelu above
         return at::meta::gelu_backward(m[0], m[1], approximate);
       },
       [approximate = std::string(approximate)](T& out, const Metas<2>& in) {

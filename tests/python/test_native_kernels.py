@@ -95,6 +95,9 @@ def test_structured_ops_raise_the_cpus_error_at_the_call():
     assert str(phantom_error.value) == str(cpu_error.value)
     with pytest.raises(IndexError, match="Dimension out of range"):
         torch.randn(3, device="phantom").softmax(5)
+    # gelu's meta function leaves `approximate` to the kernel.
+    with pytest.raises(RuntimeError, match="approximate argument must be either none or tanh"):
+        F.gelu(torch.randn(3, device="phantom"), approximate="bad")
     with pytest.raises(RuntimeError, match="same device"):
         torch.randn(3, 3, device="phantom") @ torch.randn(3, 3)
     if P.device_count() > 1:
