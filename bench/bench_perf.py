@@ -336,6 +336,26 @@ def cpu_alone_step_s(name, n):
         return None
 
 
+def training_step(spec, device):
+    """Builds the model of `spec` (a train_models.MODELS entry) on `device`
+    with one batch, and returns a callable that runs one training step:
+    forward, loss, backward, optimizer step (queued, on phantom)."""
+    torch.manual_seed(0)
+    model = spec.make_model().to(device)
+    model.train()
+    optimizer = spec.optimizer(list(model.parameters()))
+    batch = spec.make_batches(1, torch.Generator().manual_seed(1))[0]
+    inputs = [t.to(device) for t in batch.inputs]
+    target = batch.target.to(device)
+
+    def step():
+        optimizer.zero_grad()
+        loss = spec.loss(model(*inputs), target)
+        loss.backward()
+        optimizer.step()
+    return step
+
+
 def bench_training(args, results):
     """Forward, backward and optimizer step of the models of
     examples/train_models.py (the conformance issue's models)."""
@@ -344,20 +364,7 @@ def bench_training(args, results):
         spec = train_models.MODELS[name]
 
         def make(device, spec=spec):
-            torch.manual_seed(0)
-            model = spec.make_model().to(device)
-            model.train()
-            optimizer = spec.optimizer(list(model.parameters()))
-            batch = spec.make_batches(1, torch.Generator().manual_seed(1))[0]
-            inputs = [t.to(device) for t in batch.inputs]
-            target = batch.target.to(device)
-
-            def step():
-                optimizer.zero_grad()
-                loss = spec.loss(model(*inputs), target)
-                loss.backward()
-                optimizer.step()
-            return step
+            return training_step(spec, device)
         calls = generic_path_calls(make(PHANTOM))
         row = record(results, "training", name, make, args,
                      extra={"model": name, "generic_calls": calls})

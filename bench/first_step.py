@@ -21,23 +21,15 @@ from pathlib import Path
 import torch
 import torch_phantom
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
-import train_models  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_perf import train_models, training_step  # noqa: E402
 
 
 def first_step_ms(spec, device):
-    torch.manual_seed(0)
-    model = spec.make_model().to(device)
-    model.train()
-    optimizer = spec.optimizer(list(model.parameters()))
-    batch = spec.make_batches(1, torch.Generator().manual_seed(1))[0]
-    inputs = [t.to(device) for t in batch.inputs]
-    target = batch.target.to(device)
+    step = training_step(spec, device)
     torch.phantom.synchronize()
     start = time.perf_counter()
-    optimizer.zero_grad()
-    spec.loss(model(*inputs), target).backward()
-    optimizer.step()
+    step()
     torch.phantom.synchronize()
     return (time.perf_counter() - start) * 1e3
 

@@ -113,6 +113,30 @@ size_t argumentIndexOf(c10::ArrayRef<c10::IValue> args, const at::Tensor& t) {
   return i;
 }
 
+// `value` with `f` applied to each tensor in it, for a tensor or a list of
+// tensors or of optional tensors; nullopt for a value of any other kind.
+template <typename F>
+std::optional<c10::IValue> mapTensors(const c10::IValue& value, F&& f) {
+  if (value.isTensor()) {
+    return c10::IValue(f(value.toTensor()));
+  }
+  if (value.isTensorList()) {
+    c10::List<at::Tensor> list;
+    for (const at::Tensor& t : value.toTensorList()) {
+      list.push_back(f(t));
+    }
+    return c10::IValue(std::move(list));
+  }
+  if (value.isOptionalTensorList()) {
+    c10::List<std::optional<at::Tensor>> list;
+    for (const std::optional<at::Tensor>& t : value.toOptionalTensorList()) {
+      list.push_back(t.has_value() ? std::optional<at::Tensor>(f(*t)) : std::nullopt);
+    }
+    return c10::IValue(std::move(list));
+  }
+  return std::nullopt;
+}
+
 // Mirrors phantom tensors as meta tensors, keeping storage sharing and
 // identity: a tensor passed twice (self and out of an in-place op routed
 // through its out= form) is mirrored once, so the Meta kernel sees an
@@ -152,23 +176,9 @@ class MetaMirror {
   }
 
   c10::IValue mirror(const c10::IValue& value) {
-    if (value.isTensor()) {
-      return mirror(value.toTensor());
-    }
-    if (value.isTensorList()) {
-      c10::List<at::Tensor> list;
-      for (const at::Tensor& t : value.toTensorList()) {
-        list.push_back(mirror(t));
-      }
-      return list;
-    }
-    if (value.isOptionalTensorList()) {
-      c10::List<std::optional<at::Tensor>> list;
-      for (const std::optional<at::Tensor>& t : value.toOptionalTensorList()) {
-        list.push_back(t.has_value() ? std::optional<at::Tensor>(mirror(*t))
-                                     : std::nullopt);
-      }
-      return list;
+    if (std::optional<c10::IValue> mapped = mapTensors(
+            value, [this](const at::Tensor& t) { return mirror(t); })) {
+      return *mapped;
     }
     if (value.isDevice() &&
         value.toDevice().type() == c10::DeviceType::PrivateUse1) {
@@ -892,19 +902,9 @@ class TrialRun {
   }
 
   c10::IValue trialOf(const c10::IValue& value) {
-    if (value.isTensor()) return trialOf(value.toTensor());
-    if (value.isTensorList()) {
-      c10::List<at::Tensor> list;
-      for (const at::Tensor& t : value.toTensorList()) list.push_back(trialOf(t));
-      return list;
-    }
-    if (value.isOptionalTensorList()) {
-      c10::List<std::optional<at::Tensor>> list;
-      for (const std::optional<at::Tensor>& t : value.toOptionalTensorList()) {
-        list.push_back(t.has_value() ? std::optional<at::Tensor>(trialOf(*t))
-                                     : std::nullopt);
-      }
-      return list;
+    if (std::optional<c10::IValue> mapped = mapTensors(
+            value, [this](const at::Tensor& t) { return trialOf(t); })) {
+      return *mapped;
     }
     if (value.isDevice() && value.toDevice().type() == c10::DeviceType::PrivateUse1) {
       return c10::Device(c10::kCPU);

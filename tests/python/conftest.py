@@ -39,6 +39,18 @@ def run_python(code, extra_env=None, timeout=60):
     )
 
 
+def slow_kernel_on(stream, microseconds=30000):
+    """Queues on `stream` one kernel that takes `microseconds` (the fault
+    injector's latency), so that work queued after it is still pending."""
+    warm = torch.ones(8, device="phantom")
+    with torch.phantom.stream(stream):
+        torch.phantom.faults.set_latency_us(microseconds)
+        try:
+            warm * 2
+        finally:
+            torch.phantom.faults.set_latency_us(0)
+
+
 @pytest.fixture(autouse=True)
 def _restore_current_device():
     """Every test starts on phantom:0 and leaves the device synchronized, so

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import torch_phantom
-from conftest import run_python
+from conftest import run_python, slow_kernel_on
 
 P = torch.phantom
 
@@ -206,17 +206,6 @@ def _paths(op):
     return (row["async"], row["sync"]) if row else (0, 0)
 
 
-def _slow_kernel_on(stream, microseconds=30000):
-    """Queues on `stream` one kernel that takes `microseconds`."""
-    warm = torch.ones(8, device="phantom")
-    with P.stream(stream):
-        P.faults.set_latency_us(microseconds)
-        try:
-            warm * 2
-        finally:
-            P.faults.set_latency_us(0)
-
-
 def test_an_op_with_a_python_meta_kernel_is_queued_from_its_first_call():
     # index_select's Meta kernel is Python in torch 2.13: too slow to run on
     # every call, so the outputs are remembered per call signature. The
@@ -228,7 +217,7 @@ def test_an_op_with_a_python_meta_kernel_is_queued_from_its_first_call():
     t, i = table.to("phantom"), index.to("phantom")
     stream = P.Stream()
     torch_phantom.reset_ops_report()
-    _slow_kernel_on(stream)
+    slow_kernel_on(stream)
     with P.stream(stream):
         results = [t.index_select(0, i) for _ in range(5)]
         assert not stream.query()

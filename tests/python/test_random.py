@@ -233,19 +233,9 @@ def test_a_phantom_generator_for_a_cpu_op_is_a_clear_error():
 # that the host is well ahead of the device when it checks.
 
 import torch_phantom  # noqa: E402
+from conftest import slow_kernel_on  # noqa: E402
 
 P = torch.phantom
-
-
-def _slow_kernel_on(stream, microseconds=30000):
-    """Queues on `stream` one kernel that takes `microseconds`."""
-    warm = torch.ones(8, device="phantom")
-    with P.stream(stream):
-        P.faults.set_latency_us(microseconds)
-        try:
-            warm * 2
-        finally:
-            P.faults.set_latency_us(0)
 
 
 def _async_count(op):
@@ -258,7 +248,7 @@ def test_a_draw_is_queued_and_still_draws_the_cpus_numbers():
     P.synchronize()
     stream = P.Stream()
     torch.manual_seed(SEED)
-    _slow_kernel_on(stream)
+    slow_kernel_on(stream)
     before = _async_count("aten::normal_")
     with P.stream(stream):
         x.normal_()
@@ -276,7 +266,7 @@ def test_draws_on_two_streams_happen_in_the_order_the_host_called_them():
     a.uniform_(), b.uniform_()  # signatures checked once, outside the test
     P.synchronize()
     torch.manual_seed(SEED)
-    _slow_kernel_on(slow)
+    slow_kernel_on(slow)
     with P.stream(slow):
         a.uniform_()  # behind 30 ms of work
     with P.stream(fast):
@@ -308,7 +298,7 @@ def test_a_waiting_random_op_draws_after_the_queued_ones():
     a.exponential_()
     P.synchronize()
     torch.manual_seed(SEED)
-    _slow_kernel_on(slow)
+    slow_kernel_on(slow)
     with P.stream(slow):
         a.exponential_()
     torch_phantom.reset_ops_report()
@@ -328,7 +318,7 @@ def test_rng_state_read_while_draws_are_queued_includes_them():
     P.synchronize()
     stream = P.Stream()
     P.manual_seed(SEED)
-    _slow_kernel_on(stream)
+    slow_kernel_on(stream)
     with P.stream(stream):
         x.normal_()
         state = P.get_rng_state()  # the host is ~30 ms ahead here
@@ -343,7 +333,7 @@ def test_reseeding_while_draws_are_queued_does_not_change_them():
     P.synchronize()
     stream = P.Stream()
     P.manual_seed(SEED)
-    _slow_kernel_on(stream)
+    slow_kernel_on(stream)
     with P.stream(stream):
         x.bernoulli_(0.5)
         P.manual_seed(SEED + 7)
