@@ -6,9 +6,10 @@
 // not to be device memory, and if it is pinned, to stay inside its pinned
 // block. The plan records whether a host side is pageable, which decides
 // whether ph_memcpy_async may return before the copy ran (pinned / D2D) or
-// must wait for it (pageable). Executing a plan is a plain memmove between
-// the two views, done by the calling thread (ph_memcpy) or by a stream's
-// worker (ph_memcpy_async, ph_memset_async).
+// must wait for it (pageable). Executing a plan moves the bytes between the
+// two views (ChannelCopy, copy_channels.h: large copies over two threads),
+// on the calling thread (ph_memcpy, and a pageable ph_memcpy_async on an
+// idle stream) or on a stream's worker.
 #ifndef PHANTOM_FAKE_COPY_ENGINE_H_
 #define PHANTOM_FAKE_COPY_ENGINE_H_
 

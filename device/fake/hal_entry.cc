@@ -19,6 +19,7 @@
 #include <utility>
 
 #include "config.h"
+#include "copy_channels.h"
 #include "copy_engine.h"
 #include "device_memory.h"
 #include "errors.h"
@@ -97,7 +98,9 @@ ph_status_t WaitsForItself(const char* function, const char* what) {
 }
 
 // Queues a copy/fill task. When `blocking`, waits for that task and
-// returns the copy's outcome (or the sticky error that skipped it).
+// returns the copy's outcome (or the sticky error that skipped it); a
+// blocking copy on an idle stream runs on the caller (Stream::RunNow), as
+// ph_run_host_func does, which spares two thread hand-offs per copy.
 ph_status_t QueueCopy(Stream& stream, TaskKind kind, const char* name,
                       std::function<void()> body, bool blocking) {
   auto ran = std::make_shared<bool>(false);
@@ -109,12 +112,13 @@ ph_status_t QueueCopy(Stream& stream, TaskKind kind, const char* name,
     *ran = true;
     return PH_SUCCESS;
   };
-  uint64_t generation = 0;
-  const ph_status_t queued = stream.Enqueue(std::move(task), true, &generation);
-  if (queued != PH_SUCCESS || !blocking) return queued;
-  stream.WaitForGeneration(generation);
+  if (!blocking) {
+    uint64_t generation = 0;
+    return stream.Enqueue(std::move(task), true, &generation);
+  }
+  const ph_status_t status = stream.RunNow(std::move(task));
   if (*ran) return PH_SUCCESS;  // the worker's write happens-before its count
-  return stream.StickyStatus();
+  return status;
 }
 
 
@@ -528,7 +532,7 @@ ph_status_t ph_memcpy(void* dst, const void* src, size_t size,
     CopyPlan plan;
     const ph_status_t planned = PlanCopy("ph_memcpy", dst, src, size, kind, &plan);
     if (planned != PH_SUCCESS) return planned;
-    std::memmove(plan.dst, plan.src, plan.size);
+    ChannelCopy(plan.dst, plan.src, plan.size);
     return PH_SUCCESS;
   });
 }
@@ -551,7 +555,7 @@ ph_status_t ph_memcpy_async(void* dst, const void* src, size_t size,
     }
     return QueueCopy(
         *stream, TaskKind::kCopy, "ph_memcpy_async",
-        [plan] { std::memmove(plan.dst, plan.src, plan.size); },
+        [plan] { ChannelCopy(plan.dst, plan.src, plan.size); },
         plan.pageable_host);
   });
 }

@@ -20,7 +20,8 @@
 // which is how ph_kernel_address knows it runs inside work and how
 // synchronize/destroy refuse to wait for the calling worker itself.
 //
-// Running on the caller (RunNow, for ph_run_host_func): when the queue is
+// Running on the caller (RunNow, for ph_run_host_func and copies from or
+// to pageable memory, which block the caller anyway): when the queue is
 // empty and nothing is running, the calling thread takes the next
 // generation, marks the stream busy (the worker starts nothing meanwhile;
 // work queued by others waits behind it), runs the task as the stream's

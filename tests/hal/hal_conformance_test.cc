@@ -598,6 +598,72 @@ TEST(MemcpyAsync, PageableCopyWaitsForEarlierWorkAndItself) {
   EXPECT_EQ(host[100], 3);
 }
 
+// Large copies are split over the copy engine's channels (the fake moves
+// the halves on two threads): every byte still arrives, in each direction,
+// from pinned and from pageable memory.
+TEST(MemcpyAsync, LargeCopiesArriveWholeInEveryDirection) {
+  const size_t size = (size_t{24} << 20) + 4099;  // over the split size, odd
+  std::vector<char> source(size);
+  uint32_t state = 12345;
+  for (char& byte : source) {  // no period a misplaced half could hide in
+    state = state * 1103515245u + 12345u;
+    byte = static_cast<char>(state >> 16);
+  }
+  ScopedStream stream;
+  DeviceBuffer a(0, size);
+  DeviceBuffer b(0, size);
+  PinnedBuffer pinned(size);
+  std::memcpy(pinned.bytes(), source.data(), size);
+  ASSERT_PH_OK(ph_memcpy_async(a.get(), pinned.bytes(), size,
+                               PH_MEMCPY_HOST_TO_DEVICE, stream));
+  ASSERT_PH_OK(ph_memcpy_async(b.get(), a.get(), size,
+                               PH_MEMCPY_DEVICE_TO_DEVICE, stream));
+  std::vector<char> pageable(size, 0);
+  ASSERT_PH_OK(ph_memcpy_async(pageable.data(), b.get(), size,
+                               PH_MEMCPY_DEVICE_TO_HOST, stream));
+  EXPECT_TRUE(pageable == source) << "H2D (pinned), D2D, D2H (pageable)";
+  ASSERT_PH_OK(ph_memset_async(a.get(), 0, size, stream));
+  ASSERT_PH_OK(ph_memcpy_async(a.get(), pageable.data(), size,
+                               PH_MEMCPY_HOST_TO_DEVICE, stream));
+  std::memset(pinned.bytes(), 0, size);
+  ASSERT_PH_OK(ph_memcpy_async(pinned.bytes(), a.get(), size,
+                               PH_MEMCPY_DEVICE_TO_HOST, stream));
+  ASSERT_PH_OK(ph_stream_synchronize(stream));
+  EXPECT_EQ(std::memcmp(pinned.bytes(), source.data(), size), 0)
+      << "H2D (pageable), D2H (pinned)";
+  std::vector<char> synchronous(size, 0);
+  ASSERT_PH_OK(ph_memcpy(synchronous.data(), a.get(), size,
+                         PH_MEMCPY_DEVICE_TO_HOST));
+  EXPECT_TRUE(synchronous == source) << "ph_memcpy";
+}
+
+// A copy from or to pageable memory returns the stream's error, and copies
+// nothing, whether the stream failed before the call or while the copy
+// waited behind the failing work.
+TEST(MemcpyAsync, PageableCopyOnAFailedStreamCopiesNothing) {
+  ph_stream_t stream = nullptr;
+  ASSERT_PH_OK(ph_stream_create(0, 0, &stream));
+  DeviceBuffer device(0, 4096);
+  ASSERT_PH_OK(ph_memset_async(device.get(), 5, 4096, stream));
+  ASSERT_PH_OK(Launch(stream, "failing_op", [](char* error, size_t n) {
+    std::this_thread::sleep_for(milliseconds(20));
+    std::snprintf(error, n, "the kernel failed");
+    return PH_ERROR_DEVICE;
+  }));
+  std::vector<char> host(4096, 1);
+  EXPECT_EQ(ph_memcpy_async(host.data(), device.get(), 4096,
+                            PH_MEMCPY_DEVICE_TO_HOST, stream),
+            PH_ERROR_DEVICE) << "waited behind the failing work";
+  EXPECT_NE(std::string(ph_last_error_message()).find("failing_op"),
+            std::string::npos) << ph_last_error_message();
+  EXPECT_EQ(host[0], 1);
+  EXPECT_EQ(ph_memcpy_async(host.data(), device.get(), 4096,
+                            PH_MEMCPY_DEVICE_TO_HOST, stream),
+            PH_ERROR_DEVICE) << "called on the failed stream";
+  EXPECT_EQ(host[4095], 1);
+  EXPECT_PH_OK(ph_stream_destroy(stream));
+}
+
 TEST(MemcpyAsync, CrossDeviceAndValidation) {
   REQUIRE_TWO_DEVICES();
   ScopedStream stream(1);
