@@ -3,6 +3,7 @@
 #include <phantom/Device.h>
 #include <phantom/Exception.h>
 #include <phantom/FaultInjection.h>
+#include <phantom/KernelHostMemory.h>
 #include <phantom/Launch.h>
 #include <phantom/Stream.h>
 
@@ -852,6 +853,9 @@ void PhantomDeviceAllocator::emptyCache(c10::MempoolId_t /*mempool_id*/) {
   for (auto& device : devices_) {
     device->emptyCache();
   }
+  // The kernels' cached host workspace (KernelHostMemory.h) goes too, as
+  // the device's cached blocks do.
+  releaseKernelHostMemory();
 }
 
 void PhantomDeviceAllocator::recordStream(const c10::DataPtr& ptr,

@@ -1,6 +1,7 @@
 // See phantom/Launch.h.
 #include <phantom/Exception.h>
 #include <phantom/FaultInjection.h>
+#include <phantom/KernelHostMemory.h>
 #include <phantom/Launch.h>
 
 #include <c10/util/Exception.h>
@@ -112,6 +113,7 @@ struct WaitedWork {
 
 void launchAsync(const PhantomStream& stream, const char* name,
                  std::function<void()> work) {
+  installKernelHostAllocator();  // the kernels' big allocations: cached
   faultHookLaunch(stream, name, work, /*waited=*/false);
   auto* state = new AsyncWork{std::move(work), stream};
   const ph_host_task_t task{name, &AsyncWork::run, &AsyncWork::release, state};
@@ -124,6 +126,7 @@ void launchAsync(const PhantomStream& stream, const char* name,
 
 void launchAndWait(const PhantomStream& stream, const char* name,
                    std::function<void()> work) {
+  installKernelHostAllocator();  // the kernels' big allocations: cached
   faultHookLaunch(stream, name, work, /*waited=*/true);
   auto state = std::make_shared<WaitedWork>(stream);
   state->work = std::move(work);

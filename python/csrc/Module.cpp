@@ -10,6 +10,7 @@
 #include <phantom/FaultInjection.h>
 #include <phantom/Generator.h>
 #include <phantom/HostAllocator.h>
+#include <phantom/KernelHostMemory.h>
 #include <phantom/ops/OpsReport.h>
 #include <phantom/Launch.h>
 #include <phantom/Stream.h>
@@ -196,6 +197,20 @@ PYBIND11_MODULE(_C, m) {
         [] { phantom::resetPeakHostMemoryStats(); });
   m.def("_reset_accumulated_host_memory_stats",
         [] { phantom::resetAccumulatedHostMemoryStats(); });
+
+  // The CPU kernels' cached host workspace (phantom/KernelHostMemory.h).
+  m.def("_kernel_host_memory_stats", [] {
+    const phantom::KernelHostMemoryStats stats =
+        phantom::kernelHostMemoryStats();
+    py::dict d;
+    d["cached_bytes"] = stats.cached_bytes;
+    d["cached_blocks"] = stats.cached_blocks;
+    d["live_bytes"] = stats.live_bytes;
+    d["live_blocks"] = stats.live_blocks;
+    d["reused"] = stats.reused;
+    d["fresh"] = stats.fresh;
+    return d;
+  });
 
   // Which path each op took (torch_phantom.ops_report()).
   m.def("_ops_report", [] {

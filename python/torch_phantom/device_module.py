@@ -28,6 +28,7 @@ from .memory import (  # noqa: F401
     memory_snapshot,
     host_memory_stats,
     empty_host_cache,
+    kernel_host_memory_stats,
     reset_peak_host_memory_stats,
     memory_stats,
     reset_accumulated_memory_stats,

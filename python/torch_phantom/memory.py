@@ -94,3 +94,13 @@ def empty_host_cache() -> None:
 
 def reset_peak_host_memory_stats() -> None:
     _C._reset_peak_host_memory_stats()
+
+
+def kernel_host_memory_stats() -> Dict[str, int]:
+    """The host memory the fake device's CPU kernels keep for reuse: their
+    large outputs and scratch buffers (128 KiB and up) come from a cache, as
+    a kernel's workspace comes from an accelerator's caching allocator.
+    ``cached_bytes``/``cached_blocks``: free, kept for the next call (at most
+    512 MiB; ``empty_cache()`` frees them); ``live_bytes``/``live_blocks``: in
+    use; ``reused``/``fresh``: allocations served from the cache or new."""
+    return dict(_C._kernel_host_memory_stats())

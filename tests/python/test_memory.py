@@ -155,3 +155,33 @@ def test_memory_functions_accept_device_spellings(device, two_devices):
     assert torch.phantom.memory_allocated(device) == torch.phantom.memory_allocated(index)
     assert torch.phantom.memory_allocated(torch.device(device)) == torch.phantom.memory_allocated(index)
     assert torch.phantom.mem_get_info(device)[1] == torch.phantom.mem_get_info(index)[1]
+
+
+def test_kernels_reuse_their_large_host_buffers_and_empty_cache_frees_them():
+    """A convolution's CPU kernel allocates ~64 MiB of outputs and reordered
+    buffers per call. On phantom those come from the kernels' host memory
+    cache (docs/allocator.md): after the first call nothing new is asked of
+    the OS, the results stay the CPU's, and empty_cache() frees the cache."""
+    settle()
+    torch.manual_seed(0)
+    x, w = torch.rand(8, 32, 40, 40), torch.rand(32, 32, 3, 3)
+    xp, wp = x.to("phantom"), w.to("phantom")
+    torch.nn.functional.conv2d(xp, wp, padding=1)
+    torch.phantom.synchronize()
+    first = torch.phantom.kernel_host_memory_stats()
+    assert first["fresh"] > 0 and first["cached_bytes"] > 0
+    for _ in range(3):
+        out = torch.nn.functional.conv2d(xp, wp, padding=1)
+    torch.phantom.synchronize()
+    again = torch.phantom.kernel_host_memory_stats()
+    assert again["fresh"] == first["fresh"], "later calls asked the OS for memory"
+    assert again["reused"] > first["reused"]
+    assert torch.equal(out.cpu(), torch.nn.functional.conv2d(x, w, padding=1))
+    # The host's own CPU tensors do not come from the cache.
+    host = torch.empty(8 * MiB, dtype=torch.uint8)
+    host.fill_(1)
+    assert torch.phantom.kernel_host_memory_stats()["fresh"] == again["fresh"]
+    del host, out
+    settle()
+    stats = torch.phantom.kernel_host_memory_stats()
+    assert stats["cached_bytes"] == 0 and stats["cached_blocks"] == 0

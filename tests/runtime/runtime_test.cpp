@@ -5,10 +5,12 @@
 #include <phantom/DeviceAllocator.h>
 #include <phantom/Device.h>
 #include <phantom/Generator.h>
+#include <phantom/KernelHostMemory.h>
 #include <phantom/Launch.h>
 #include <phantom/Stream.h>
 
 #include <ATen/ATen.h>
+#include <c10/core/CPUAllocator.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/Event.h>
 #include <c10/core/StreamGuard.h>
@@ -252,6 +254,59 @@ TEST(Launch, WaitedWorkLeavesTheCallersDeviceAndStreamAsTheyWere) {
   EXPECT_EQ(phantom::currentDevice(), 0);
   EXPECT_EQ(phantom::getCurrentPhantomStream(0), caller_stream);
   EXPECT_EQ(phantom::getCurrentPhantomStream(1), other_device_stream);
+}
+
+// The CPU kernels' large allocations made as device work come from a
+// cache (KernelHostMemory.h): freed, they are handed to the next call
+// instead of going back to the OS. The host's own allocations, and small
+// ones, are left to the CPU allocator.
+TEST(KernelHostMemory, DeviceWorkReusesLargeHostBlocksAndTheHostDoesNot) {
+  const auto stream = phantom::getStreamFromPool(false, 0);
+  phantom::launchAndWait(stream, "warm up", [] {});  // installs the cache
+  phantom::releaseKernelHostMemory();
+  const auto before = phantom::kernelHostMemoryStats();
+  const size_t big = phantom::kMinCachedBytes * 4 + 123;
+  for (int call = 0; call < 3; ++call) {
+    phantom::launchAndWait(stream, "kernel", [&] {
+      at::Tensor scratch = at::empty({static_cast<int64_t>(big)}, at::kByte);
+      scratch.fill_(static_cast<uint8_t>(call));
+      at::Tensor small = at::empty({1024}, at::kByte);  // left to the CPU's
+      // oneDNN allocates its buffers through raw_allocate/raw_deallocate.
+      c10::Allocator* cpu = c10::GetCPUAllocator();
+      void* raw = cpu->raw_allocate(big);
+      static_cast<char*>(raw)[big - 1] = 1;
+      cpu->raw_deallocate(raw);
+    });
+  }
+  auto after = phantom::kernelHostMemoryStats();
+  EXPECT_EQ(after.fresh - before.fresh, 2u)
+      << "the first call allocates the tensor and the raw buffer";
+  EXPECT_EQ(after.reused - before.reused, 4u) << "later calls reuse both";
+  EXPECT_EQ(after.live_blocks, before.live_blocks);
+  EXPECT_EQ(after.cached_blocks, 2u);
+
+  // On the host: neither a large tensor nor a raw buffer touches the cache.
+  {
+    at::Tensor host = at::empty({static_cast<int64_t>(big)}, at::kByte);
+    void* raw = c10::GetCPUAllocator()->raw_allocate(big);
+    c10::GetCPUAllocator()->raw_deallocate(raw);
+  }
+  const auto host = phantom::kernelHostMemoryStats();
+  EXPECT_EQ(host.fresh, after.fresh);
+  EXPECT_EQ(host.reused, after.reused);
+
+  // A block made by device work and freed on the host goes back as well.
+  at::Tensor escaped;
+  phantom::launchAndWait(stream, "kernel", [&] {
+    escaped = at::empty({static_cast<int64_t>(big)}, at::kByte);
+  });
+  EXPECT_EQ(phantom::kernelHostMemoryStats().live_blocks, after.live_blocks + 1);
+  escaped.reset();
+  EXPECT_EQ(phantom::kernelHostMemoryStats().live_blocks, after.live_blocks);
+
+  phantom::deviceAllocator().emptyCache();  // torch.phantom.empty_cache()
+  EXPECT_EQ(phantom::kernelHostMemoryStats().cached_bytes, 0u);
+  EXPECT_EQ(phantom::kernelHostMemoryStats().cached_blocks, 0u);
 }
 
 TEST(Allocator, IsTheDeviceAllocatorAndAccountsEveryByte) {
