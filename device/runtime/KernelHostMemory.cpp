@@ -45,7 +45,10 @@ class KernelHostAllocator final : public c10::Allocator {
 
   KernelHostMemoryStats stats() {
     std::lock_guard<std::mutex> lock(mutex());
-    return stats_;
+    KernelHostMemoryStats stats = stats_;
+    stats.live_blocks = live_.size();
+    for (const auto& [size, list] : free_) stats.cached_blocks += list.size();
+    return stats;
   }
 
   void release() {
@@ -57,7 +60,6 @@ class KernelHostAllocator final : public c10::Allocator {
       }
       free_.clear();
       stats_.cached_bytes = 0;
-      stats_.cached_blocks = 0;
     }
     for (void* block : blocks) {
       c10::free_cpu(block);
@@ -79,7 +81,6 @@ class KernelHostAllocator final : public c10::Allocator {
         void* block = it->second.back();
         it->second.pop_back();
         stats_.cached_bytes -= size;
-        stats_.cached_blocks -= 1;
         stats_.reused += 1;
         noteLiveLocked(block, size);
         return block;
@@ -95,7 +96,6 @@ class KernelHostAllocator final : public c10::Allocator {
   void noteLiveLocked(void* block, size_t size) {
     live_.emplace(block, size);
     stats_.live_bytes += size;
-    stats_.live_blocks += 1;
   }
 
   // Returns false if `block` is not one of the cache's live blocks.
@@ -107,11 +107,9 @@ class KernelHostAllocator final : public c10::Allocator {
       const size_t size = it->second;
       live_.erase(it);
       stats_.live_bytes -= size;
-      stats_.live_blocks -= 1;
       if (stats_.cached_bytes + size <= kMaxCachedBytes) {
         free_[size].push_back(block);
         stats_.cached_bytes += size;
-        stats_.cached_blocks += 1;
         return true;
       }
     }
@@ -127,7 +125,7 @@ class KernelHostAllocator final : public c10::Allocator {
   std::mutex* mutex_ = new std::mutex();  // never destroyed (see exit)
   std::unordered_map<size_t, std::vector<void*>> free_;  // by rounded size
   std::unordered_map<void*, size_t> live_;
-  KernelHostMemoryStats stats_;
+  KernelHostMemoryStats stats_;  // byte counts and tallies; blocks: counted
 };
 
 // Never destroyed: CPU tensors may be freed during static destruction at
@@ -147,17 +145,20 @@ void KernelHostAllocator::freeAny(void* block) {
 }  // namespace
 
 void installKernelHostAllocator() {
-  static std::once_flag once;
-  std::call_once(once, [] {
+  // Called on every launch: after the first, a guard-byte load (no
+  // std::call_once, which sets thread-locals on every call).
+  static const bool installed = [] {
     c10::Allocator* previous = c10::GetCPUAllocator();
     if (previous->raw_deleter() == nullptr) {
-      return;  // an allocator without raw frees: leave it alone
+      return false;  // an allocator without raw frees: leave it alone
     }
     instance = new KernelHostAllocator(previous);
     pthread_atfork(nullptr, nullptr, [] { instance->resetMutexInChild(); });
     // Priority 0: any allocator registered with a higher one still wins.
     c10::SetCPUAllocator(instance, /*priority=*/0);
-  });
+    return true;
+  }();
+  (void)installed;
 }
 
 KernelHostMemoryStats kernelHostMemoryStats() {
