@@ -8,6 +8,7 @@
 #include <phantom/DeviceAllocator.h>
 #include <phantom/Device.h>
 #include <phantom/Exception.h>
+#include <phantom/Launch.h>
 #include <phantom/Stream.h>
 
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -136,6 +137,7 @@ struct PhantomGuardImpl final : public c10::impl::DeviceGuardImplInterface {
       return;
     }
     PHANTOM_CHECK(ph_event_synchronize(asEvent(event)));
+    releaseFinishedWork();  // the closures of the work just waited for
   }
 
   double elapsedTime(void* start, void* end,

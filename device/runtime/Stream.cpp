@@ -133,6 +133,7 @@ bool PhantomStream::query() const {
 void PhantomStream::synchronize() const {
   const ph_stream_t stream = handle();
   const ph_status_t status = ph_stream_synchronize(stream);
+  releaseFinishedWork();  // the closures of the work just waited for
   if (status != PH_SUCCESS) {
     raiseStreamError(status, *this, stream);
   }
@@ -202,6 +203,7 @@ void synchronizeAllStreams(c10::DeviceIndex device) {
       (void)ph_stream_synchronize(handle);
     }
   }
+  releaseFinishedWork();  // the closures of the work just waited for
 }
 
 std::ostream& operator<<(std::ostream& out, const PhantomStream& stream) {

@@ -21,6 +21,7 @@
 #include <cstdlib>
 #include <chrono>
 #include <mutex>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -210,6 +211,44 @@ TEST(Launch, AnErrorInAsyncWorkIsReportedOnceNamingTheWorkThenTheStreamGoesOn) {
   phantom::launchAsync(stream, "after the report", [&] { ran = true; });
   stream.synchronize();
   EXPECT_TRUE(ran);
+}
+
+// What a launch's closure holds was made on the host, and is destroyed on
+// the host (Launch.h, releaseFinishedWork), not on the stream's worker:
+// by the next launch, or by the synchronize that waited for the work.
+TEST(Launch, FinishedClosuresAreDestroyedOnTheHostBySynchronize) {
+  struct Destroyed {
+    std::thread::id on;
+    bool happened = false;
+  };
+  struct Witness {  // held by a shared_ptr: destroyed with the closure
+    explicit Witness(Destroyed* d) : destroyed(d) {}
+    ~Witness() {
+      destroyed->on = std::this_thread::get_id();
+      destroyed->happened = true;
+    }
+    Destroyed* destroyed;
+  };
+  const auto stream = phantom::getStreamFromPool(false, 0);
+  Destroyed first;
+  Destroyed second;
+  std::thread::id ran_on;
+  phantom::launchAsync(stream, "holds a witness",
+                       [witness = std::make_shared<Witness>(&first), &ran_on] {
+                         ran_on = std::this_thread::get_id();
+                       });
+  stream.synchronize();
+  EXPECT_TRUE(first.happened) << "synchronize left the finished closure alive";
+  EXPECT_EQ(first.on, std::this_thread::get_id());
+  EXPECT_NE(ran_on, std::this_thread::get_id()) << "the work ran on the host";
+
+  phantom::launchAsync(stream, "holds another",
+                       [witness = std::make_shared<Witness>(&second)] {});
+  while (!stream.query()) std::this_thread::yield();
+  phantom::launchAsync(stream, "reaps", [] {});  // the launch reaps
+  EXPECT_TRUE(second.happened);
+  EXPECT_EQ(second.on, std::this_thread::get_id());
+  stream.synchronize();
 }
 
 TEST(Launch, DeviceSynchronizeReportsTheErrorOfAnyStream) {

@@ -21,7 +21,15 @@ void launchAsync(const PhantomStream& stream, const char* name,
 void launchAndWait(const PhantomStream& stream, const char* name,
                    std::function<void()> work);
 
-// True while the calling thread is running (or releasing) work launched by
+// Destroys the closures of finished launchAsync work: the worker hands
+// them back rather than destroying them itself, so what a host thread
+// allocated is freed on a host thread (Launch.cpp, FinishedWork). Called
+// at every launch and synchronize, so what a closure kept alive (a pinned
+// buffer of a non_blocking copy) is freed by the time a synchronize
+// returns. Does nothing inside device work. True if it destroyed any.
+bool releaseFinishedWork() noexcept;
+
+// True while the calling thread is running work launched by
 // the two calls above. Host-only operations, such as waiting for the
 // device, must not be done from there.
 bool inDeviceWork() noexcept;
