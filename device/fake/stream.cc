@@ -43,45 +43,86 @@ ph_status_t AsTaskError(ph_status_t status) {
 Stream* CurrentStream() { return t_current_stream; }
 
 Stream::Stream(int device, int priority)
-    : device_(device), priority_(priority) {}
+    : device_(device),
+      priority_(priority),
+      slots_(new Slot[kLaunchQueueSlots]) {
+  for (uint64_t i = 0; i < kLaunchQueueSlots; ++i) {
+    slots_[i].sequence.store(i, std::memory_order_relaxed);
+  }
+}
 
 Stream::~Stream() { Shutdown(); }
 
 void Stream::Start() { worker_ = std::thread([this] { WorkerLoop(); }); }
 
+Stream::Slot& Stream::SlotAt(uint64_t position) const {
+  return slots_[position & (kLaunchQueueSlots - 1)];
+}
+
+bool Stream::Published(uint64_t position) const {
+  return SlotAt(position).sequence.load(std::memory_order_seq_cst) ==
+         position + 1;
+}
+
+bool Stream::ClosedAndDrained() const {
+  const uint64_t tail = tail_.load(std::memory_order_seq_cst);
+  return (tail & kClosedBit) != 0 && (tail & ~kClosedBit) == head_;
+}
+
 void Stream::WorkerLoop() {
   t_current_stream = this;
-  std::unique_lock<std::mutex> lock(mutex_);
   for (;;) {
-    if (queue_.empty() && !stopping_) {
+    if (!Published(head_)) {
+      if (ClosedAndDrained()) break;
       // Poll for the next task a while before sleeping (spin_wait.h).
-      const uint64_t seen = enqueued_.load(std::memory_order_relaxed);
-      lock.unlock();
-      SpinUntil([&] {
-        return enqueued_.load(std::memory_order_acquire) != seen;
-      });
-      lock.lock();
+      const bool ready = SpinUntil(
+          [&] { return Published(head_) || ClosedAndDrained(); });
+      if (!ready) {
+        std::unique_lock<std::mutex> lock(mutex_);
+        worker_sleeping_.store(true, std::memory_order_seq_cst);
+        work_arrived_.wait(lock, [&] {
+          return Published(head_) || ClosedAndDrained();
+        });
+        worker_sleeping_.store(false, std::memory_order_relaxed);
+      }
+      continue;
     }
-    work_arrived_.wait(lock, [this] {
-      return !inline_running_ && (stopping_ || !queue_.empty());
-    });
-    if (queue_.empty()) break;  // stopping and drained
-    Task task = std::move(queue_.front());
-    queue_.pop_front();
-    Execute(std::move(task), lock);
+    Slot& slot = SlotAt(head_);
+    Task task = std::exchange(slot.task, Task{});
+    const bool ran_inline = std::exchange(slot.ran_inline, false);
+    // Free the slot for the producer one lap later.
+    slot.sequence.store(head_ + kLaunchQueueSlots, std::memory_order_seq_cst);
+    ++head_;
+    if (producers_waiting_.load(std::memory_order_seq_cst) > 0) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      slot_freed_.notify_all();
+    }
+    if (!ran_inline) Execute(std::move(task));
   }
   t_current_stream = nullptr;
 }
 
-void Stream::Execute(Task task, std::unique_lock<std::mutex>& lock) {
-  const bool skip = sticky_status_ != PH_SUCCESS && !task.runs_when_sticky;
-  lock.unlock();
-
+void Stream::Execute(Task task) {
+  const bool skip =
+      sticky_status_.load(std::memory_order_acquire) != PH_SUCCESS &&
+      !task.runs_when_sticky;
   ph_status_t status = PH_SUCCESS;
   char error[kTaskErrorBytes] = "";
   if (!skip) status = task.Run(error, sizeof error);
   task.Release();
   const char* name = task.name != nullptr ? task.name : "(unnamed)";
+  std::function<void()> on_complete = std::move(task.on_complete);
+  task = Task{};  // destroy the closures before the task counts complete
+
+  if (status == PH_SUCCESS && !on_complete) {
+    // The common case, without the lock.
+    completed_.fetch_add(1, std::memory_order_seq_cst);
+    if (waiters_.load(std::memory_order_seq_cst) > 0) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      NotifyWaitersLocked();
+    }
+    return;
+  }
   std::string message;
   if (status != PH_SUCCESS) {
     error[sizeof error - 1] = '\0';
@@ -89,103 +130,180 @@ void Stream::Execute(Task task, std::unique_lock<std::mutex>& lock) {
               std::to_string(device_) + ": " +
               (error[0] != '\0' ? error : "(the work gave no message)");
   }
-  std::function<void()> on_complete = std::move(task.on_complete);
-  task = Task{};  // destroy the closures outside the lock
-
-  lock.lock();
-  if (status != PH_SUCCESS && sticky_status_ == PH_SUCCESS) {
-    sticky_status_ = AsTaskError(status);
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (status != PH_SUCCESS &&
+      sticky_status_.load(std::memory_order_relaxed) == PH_SUCCESS) {
     sticky_message_ = std::move(message);
+    sticky_status_.store(AsTaskError(status), std::memory_order_release);
   }
   // Counting the task complete and its on_complete (an event becoming
-  // reached) happen under one hold of the lock: a synchronize woken by
-  // the count then finds the event reached, and whoever sees the event
-  // reached then finds the stream's count up to date.
-  ++completed_;
+  // reached) happen under one hold of the lock, and Query, Synchronize and
+  // WaitForGeneration take the lock before they answer: a synchronize that
+  // sees the count then finds the event reached, and whoever sees the
+  // event reached then finds the stream's count up to date.
+  completed_.fetch_add(1, std::memory_order_seq_cst);
   if (on_complete) on_complete();
-  if (!wait_targets_.empty() && *wait_targets_.begin() <= completed_) {
+  NotifyWaitersLocked();
+}
+
+void Stream::NotifyWaitersLocked() {
+  if (!wait_targets_.empty() &&
+      *wait_targets_.begin() <= completed_.load(std::memory_order_relaxed)) {
     task_completed_.notify_all();
   }
 }
 
-ph_status_t Stream::RunNow(Task task) {
-  std::unique_lock<std::mutex> lock(mutex_);
-  std::string message;
-  const ph_status_t refusal = RefusalLocked(true, &message);
-  if (refusal != PH_SUCCESS) {
-    lock.unlock();
-    task.Release();
-    return Fail(refusal, std::move(message));
+Stream::Claim Stream::TryClaim(uint64_t* position, bool only_when_idle) {
+  uint64_t tail = tail_.load(std::memory_order_seq_cst);
+  for (;;) {
+    if ((tail & kClosedBit) != 0) return Claim::kClosed;
+    if (only_when_idle &&
+        completed_.load(std::memory_order_seq_cst) != tail) {
+      return Claim::kBusy;
+    }
+    const uint64_t sequence =
+        SlotAt(tail).sequence.load(std::memory_order_acquire);
+    if (sequence == tail) {
+      if (tail_.compare_exchange_weak(tail, tail + 1,
+                                      std::memory_order_seq_cst)) {
+        *position = tail;
+        return Claim::kClaimed;
+      }
+      // `tail` now holds the current value: try again.
+    } else if (sequence < tail) {
+      return Claim::kFull;  // the worker has not consumed the last lap's task
+    } else {
+      tail = tail_.load(std::memory_order_seq_cst);  // claimed by another
+    }
   }
-  const bool idle = queue_.empty() && completed_ == enqueued_ &&
-                    !inline_running_;
-  if (!idle) {
-    queue_.push_back(std::move(task));
-    const uint64_t generation = ++enqueued_;
-    work_arrived_.notify_one();
-    WaitLocked(lock, generation);
-    return StickyStatusLocked();
-  }
-  ++enqueued_;
-  inline_running_ = true;
-  Stream* const caller_stream = t_current_stream;
-  t_current_stream = this;  // the task runs as this stream's work
-  Execute(std::move(task), lock);
-  t_current_stream = caller_stream;
-  inline_running_ = false;
-  if (!queue_.empty() || stopping_) work_arrived_.notify_one();
-  return StickyStatusLocked();
 }
+
+Stream::Claim Stream::ClaimWaiting(uint64_t* position) {
+  for (;;) {
+    const Claim claim = TryClaim(position, false);
+    if (claim != Claim::kFull) return claim;
+    if (t_current_stream == this) return Claim::kFull;
+    // Wait for the worker to free the slot (spin_wait.h), then sleep.
+    const uint64_t tail = tail_.load(std::memory_order_seq_cst);
+    const auto freed = [&] {
+      return tail_.load(std::memory_order_seq_cst) != tail ||
+             SlotAt(tail).sequence.load(std::memory_order_seq_cst) >= tail;
+    };
+    if (SpinUntil(freed)) continue;
+    std::unique_lock<std::mutex> lock(mutex_);
+    producers_waiting_.fetch_add(1, std::memory_order_seq_cst);
+    slot_freed_.wait(lock, freed);
+    producers_waiting_.fetch_sub(1, std::memory_order_relaxed);
+  }
+}
+
+void Stream::Publish(uint64_t position) {
+  SlotAt(position).sequence.store(position + 1, std::memory_order_seq_cst);
+  if (worker_sleeping_.load(std::memory_order_seq_cst)) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    work_arrived_.notify_one();
+  }
+}
+
 ph_status_t Stream::Enqueue(Task task, bool refuse_when_sticky,
                             uint64_t* out_generation) {
-  ph_status_t refusal = PH_SUCCESS;
   std::string message;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    refusal = RefusalLocked(refuse_when_sticky, &message);
-    if (refusal == PH_SUCCESS) {
-      queue_.push_back(std::move(task));
-      *out_generation = ++enqueued_;
-      work_arrived_.notify_one();
-      return PH_SUCCESS;
+  ph_status_t refusal = Refusal(refuse_when_sticky, &message);
+  if (refusal == PH_SUCCESS) {
+    uint64_t position = 0;
+    switch (ClaimWaiting(&position)) {
+      case Claim::kClaimed:
+        SlotAt(position).task = std::move(task);
+        Publish(position);
+        *out_generation = position + 1;
+        return PH_SUCCESS;
+      case Claim::kFull:
+        refusal = PH_ERROR_DEVICE;
+        message = "the stream's launch queue is full (" +
+                  std::to_string(kLaunchQueueSlots) +
+                  " tasks) and the caller is work running on that stream, "
+                  "which cannot wait for room: queue less from inside the "
+                  "work, or use another stream";
+        break;
+      default:
+        refusal = PH_ERROR_INVALID_HANDLE;
+        message = "the stream is being destroyed";
+        break;
     }
   }
   task.Release();
   return Fail(refusal, std::move(message));
 }
 
-ph_status_t Stream::RefusalLocked(bool refuse_when_sticky,
-                                  std::string* message) {
-  if (stopping_) {
+ph_status_t Stream::RunNow(Task task) {
+  std::string message;
+  const ph_status_t refusal = Refusal(true, &message);
+  if (refusal != PH_SUCCESS) {
+    task.Release();
+    return Fail(refusal, std::move(message));
+  }
+  uint64_t position = 0;
+  if (TryClaim(&position, /*only_when_idle=*/true) != Claim::kClaimed) {
+    // Busy (or full, or closing): queue it and wait, as the worker runs it.
+    uint64_t generation = 0;
+    const ph_status_t queued = Enqueue(std::move(task), true, &generation);
+    if (queued != PH_SUCCESS) return queued;
+    WaitForGeneration(generation);
+    return StickyStatus();
+  }
+  // Every earlier task has completed and the worker waits at this slot:
+  // run the task here, as the stream's work, then publish the slot as
+  // already run so the worker moves past it.
+  Stream* const caller_stream = t_current_stream;
+  t_current_stream = this;
+  Execute(std::move(task));
+  t_current_stream = caller_stream;
+  SlotAt(position).ran_inline = true;
+  Publish(position);
+  return StickyStatus();
+}
+
+ph_status_t Stream::Refusal(bool refuse_when_sticky, std::string* message) {
+  if (refuse_when_sticky &&
+      sticky_status_.load(std::memory_order_acquire) != PH_SUCCESS) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    *message = sticky_message_;
+    return sticky_status_.load(std::memory_order_relaxed);
+  }
+  if ((tail_.load(std::memory_order_acquire) & kClosedBit) != 0) {
     *message = "the stream is being destroyed";
     return PH_ERROR_INVALID_HANDLE;
-  }
-  if (refuse_when_sticky && sticky_status_ != PH_SUCCESS) {
-    *message = sticky_message_;
-    return sticky_status_;
   }
   return PH_SUCCESS;
 }
 
 ph_status_t Stream::StickyStatusLocked() {
-  if (sticky_status_ == PH_SUCCESS) return PH_SUCCESS;
-  return Fail(sticky_status_, sticky_message_);
+  const ph_status_t status = sticky_status_.load(std::memory_order_relaxed);
+  if (status == PH_SUCCESS) return PH_SUCCESS;
+  return Fail(status, sticky_message_);
 }
 
 ph_status_t Stream::StickyStatus() {
+  if (sticky_status_.load(std::memory_order_acquire) == PH_SUCCESS) {
+    return PH_SUCCESS;
+  }
   std::lock_guard<std::mutex> lock(mutex_);
   return StickyStatusLocked();
 }
 
 ph_status_t Stream::Query() {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (sticky_status_ != PH_SUCCESS) return StickyStatusLocked();
-  return completed_ == enqueued_ ? PH_SUCCESS : PH_NOT_READY;
+  if (sticky_status_.load(std::memory_order_relaxed) != PH_SUCCESS) {
+    return StickyStatusLocked();
+  }
+  return completed_.load(std::memory_order_seq_cst) == Enqueued()
+             ? PH_SUCCESS
+             : PH_NOT_READY;
 }
 
 void Stream::WaitLocked(std::unique_lock<std::mutex>& lock,
                         uint64_t generation) {
-  if (completed_ >= generation) return;
+  if (completed_.load(std::memory_order_seq_cst) >= generation) return;
   // Poll a while before blocking (spin_wait.h); the lock is taken again
   // before returning, so whatever the task's completion did under it
   // (sticky status, on_complete) is visible to the caller.
@@ -194,15 +312,19 @@ void Stream::WaitLocked(std::unique_lock<std::mutex>& lock,
     return completed_.load(std::memory_order_acquire) >= generation;
   });
   lock.lock();
-  if (done || completed_ >= generation) return;
+  if (done) return;
+  waiters_.fetch_add(1, std::memory_order_seq_cst);
   const auto target = wait_targets_.insert(generation);
-  task_completed_.wait(lock, [&] { return completed_ >= generation; });
+  task_completed_.wait(lock, [&] {
+    return completed_.load(std::memory_order_seq_cst) >= generation;
+  });
   wait_targets_.erase(target);
+  waiters_.fetch_sub(1, std::memory_order_relaxed);
 }
 
 ph_status_t Stream::Synchronize() {
   std::unique_lock<std::mutex> lock(mutex_);
-  WaitLocked(lock, enqueued_);
+  WaitLocked(lock, Enqueued());
   return StickyStatusLocked();
 }
 
@@ -213,9 +335,9 @@ void Stream::WaitForGeneration(uint64_t generation) {
 
 void Stream::Shutdown() {
   std::lock_guard<std::mutex> join_lock(join_mutex_);
+  tail_.fetch_or(kClosedBit, std::memory_order_seq_cst);
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    stopping_ = true;
     work_arrived_.notify_one();
   }
   if (worker_.joinable() && worker_.get_id() != std::this_thread::get_id()) {

@@ -21,21 +21,41 @@
 // synchronize/destroy refuse to wait for the calling worker itself.
 //
 // Running on the caller (RunNow, for ph_run_host_func and copies from or
-// to pageable memory, which block the caller anyway): when the queue is
-// empty and nothing is running, the calling thread takes the next
-// generation, marks the stream busy (the worker starts nothing meanwhile;
-// work queued by others waits behind it), runs the task as the stream's
-// current work and counts it complete like the worker would. This saves
-// the two thread hand-offs of launch-then-wait for host work whose result
-// the caller needs at once.
+// to pageable memory, which block the caller anyway): when every queued
+// task has completed, the calling thread claims the next position (the
+// worker waits at that slot, so it starts nothing meanwhile; work queued
+// by others waits behind it), runs the task as the stream's current work,
+// counts it complete like the worker would, and then publishes the slot
+// marked "already run", which the worker only frees. This saves the two
+// thread hand-offs of launch-then-wait for host work whose result the
+// caller needs at once.
 // Priority is recorded and reported but does not change scheduling on the
 // fake (every stream has its own thread; the OS schedules them fairly).
 //
-// Locking: one mutex per stream guards its queue, counters and sticky
-// state; two condition variables signal "work arrived" and "a task
-// completed". Task closures run and are destroyed outside the lock.
+// The launch queue is lock-free (the issue's "a launch queue without a
+// lock per push"): a ring of kLaunchQueueSlots slots, each with a sequence
+// number (Vyukov's bounded queue). A producer claims a position with one
+// compare-and-swap on `tail_`, moves its task into the slot and publishes
+// it by storing the slot's sequence; the worker, the only consumer, reads
+// slots in order without any lock. Position n holds generation n + 1.
+// With a mutex, the host's push and the worker's pop and completion took
+// one lock three times per op; on two cores that contention cost a futex
+// system call every few ops. The mutex is still there, but only for the
+// uncommon paths: sleeping and waking (an idle worker, a waiter, a full
+// queue), sticky errors and event markers.
+// A full queue makes the producer wait (spin, then sleep), as a real
+// driver blocks a launch when its command queue is full; work running on
+// the stream's own worker gets an error instead, since it would wait for
+// itself. The high bit of `tail_` closes the queue (Shutdown): no position
+// can be claimed after it, and the worker exits once it has consumed every
+// claimed position.
+// Sleeping without lost wake-ups: a sleeper (worker, waiter, producer on a
+// full queue) announces itself in an atomic before it checks its condition
+// a last time under the mutex; whoever makes the condition true stores it
+// first and then reads the announcement (both sequentially consistent),
+// and takes the mutex to notify only if someone sleeps.
 // Waiting: a waiter polls the completion counter for a short budget before
-// blocking, and an idle worker polls the enqueue counter before sleeping
+// blocking, and an idle worker polls its next slot before sleeping
 // (spin_wait.h): a thread hand-off through the kernel costs tens of
 // microseconds, many times a small op.
 #ifndef PHANTOM_FAKE_STREAM_H_
@@ -44,7 +64,6 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -97,6 +116,9 @@ struct Task {
   }
 };
 
+// Pending tasks one stream holds at most; a launch beyond waits for room.
+constexpr uint64_t kLaunchQueueSlots = 1024;  // a power of two
+
 class Stream {
  public:
   Stream(int device, int priority);
@@ -136,36 +158,72 @@ class Stream {
   int priority() const { return priority_; }
 
  private:
+  struct Slot {
+    // == position: free for that position's producer; position + 1: holds
+    // its task; position + kLaunchQueueSlots: consumed, free for the next
+    // lap.
+    std::atomic<uint64_t> sequence{0};
+    Task task;
+    // A RunNow task that already ran on its caller: the worker only frees
+    // the slot.
+    bool ran_inline = false;
+  };
+  enum class Claim { kClaimed, kClosed, kFull, kBusy };
+  static constexpr uint64_t kClosedBit = uint64_t{1} << 63;
+
   void WorkerLoop();
-  // Runs (or, on a sticky stream, skips) a dequeued task without the lock,
-  // then counts it complete; `lock` is held on entry and on return.
-  void Execute(Task task, std::unique_lock<std::mutex>& lock);
+  Slot& SlotAt(uint64_t position) const;
+  // Claims the next position into *position; `only_when_idle` claims it
+  // only if every earlier task has completed (kBusy otherwise).
+  Claim TryClaim(uint64_t* position, bool only_when_idle);
+  // Claims a position, waiting while the queue is full. kClaimed, kClosed,
+  // or kFull when the caller is this stream's worker (it would wait for
+  // itself).
+  Claim ClaimWaiting(uint64_t* position);
+  // Stores the slot's task as published and wakes a sleeping worker.
+  void Publish(uint64_t position);
+  bool Published(uint64_t position) const;
+  // Every claimed position consumed after Shutdown closed the queue.
+  bool ClosedAndDrained() const;
+  // Runs (or, on a sticky stream, skips) a task on the calling thread and
+  // counts it complete; no lock is held on entry.
+  void Execute(Task task);
+  // Wakes waiters whose generation has completed; mutex_ held.
+  void NotifyWaitersLocked();
   ph_status_t StickyStatusLocked();
-  // Why a new task must be refused (stream shutting down; or sticky, if
-  // asked), with the message; PH_SUCCESS to accept it.
-  ph_status_t RefusalLocked(bool refuse_when_sticky, std::string* message);
+  // Why a new task must be refused (sticky, if asked), with the message;
+  // PH_SUCCESS to accept it.
+  ph_status_t Refusal(bool refuse_when_sticky, std::string* message);
+  void WaitLocked(std::unique_lock<std::mutex>& lock, uint64_t generation);
+  uint64_t Enqueued() const {
+    return tail_.load(std::memory_order_acquire) & ~kClosedBit;
+  }
 
   const int device_;
   const int priority_;
-  std::mutex mutex_;  // guards everything below
+  std::unique_ptr<Slot[]> slots_;
+  // Positions claimed so far (and kClosedBit); producers only.
+  alignas(64) std::atomic<uint64_t> tail_{0};
+  // Tasks counted complete; the worker (or a RunNow caller) only.
+  alignas(64) std::atomic<uint64_t> completed_{0};
+  // Next position to consume; the worker's own.
+  alignas(64) uint64_t head_ = 0;
+  // Who sleeps on the mutex's condition variables (see the top comment).
+  std::atomic<bool> worker_sleeping_{false};
+  std::atomic<int> waiters_{0};
+  std::atomic<int> producers_waiting_{0};
+  // Written under mutex_ (after sticky_message_); read without it.
+  std::atomic<ph_status_t> sticky_status_{PH_SUCCESS};
+
+  std::mutex mutex_;  // guards what follows, and the sleeping above
   std::condition_variable work_arrived_;
   std::condition_variable task_completed_;
+  std::condition_variable slot_freed_;
   // Generations that threads are waiting for. The worker wakes waiters only
   // when the smallest is reached, not after every task: on a machine with
   // few cores, waking a waiter per task makes it compete with the worker.
   std::multiset<uint64_t> wait_targets_;
-  void WaitLocked(std::unique_lock<std::mutex>& lock, uint64_t generation);
-  std::deque<Task> queue_;
-  // Written under mutex_; atomic so that waiters can poll them unlocked
-  // before blocking (spin_wait.h).
-  std::atomic<uint64_t> enqueued_{0};
-  std::atomic<uint64_t> completed_{0};
-  ph_status_t sticky_status_ = PH_SUCCESS;
   std::string sticky_message_;
-  bool stopping_ = false;
-  // A task is running on a host thread (RunNow); the worker starts nothing
-  // until it completes, so stream order holds.
-  bool inline_running_ = false;
   std::thread worker_;
   std::mutex join_mutex_;  // serialises Shutdown's join
 };

@@ -1,7 +1,7 @@
 // Tests of the fake driver's own machinery, below what hal.h promises:
 // environment parsing, the offset allocator, the two-mapping memory model,
-// the fault handler, hole punching, the copy channels and process exit
-// with live streams.
+// the fault handler, hole punching, the launch queue's bound, the copy
+// channels and process exit with live streams.
 // Links the driver's objects directly, so private headers are fair game.
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -22,6 +22,7 @@
 #include "device_memory.h"
 #include "phantom/hal.h"
 #include "range_allocator.h"
+#include "stream.h"
 
 namespace phantom::fake {
 namespace {
@@ -329,6 +330,134 @@ TEST(RunHostFunc, RunsOnTheCallerWhenIdleAndOnTheWorkerWhenBusy) {
   opener.join();
   EXPECT_NE(busy.ran_on, std::this_thread::get_id());
   EXPECT_NE(busy.ran_on, std::thread::id());
+  EXPECT_EQ(ph_stream_destroy(stream), PH_SUCCESS);
+}
+
+/* ---- Launch queue ------------------------------------------------------ */
+
+// A task that spins until *flag is true: holds its stream's worker.
+ph_host_task_t SpinGate(std::atomic<bool>* flag) {
+  ph_host_task_t gate = {};
+  gate.name = "gate";
+  gate.user_data = flag;
+  gate.run = [](void* open, char*, size_t) {
+    while (!static_cast<std::atomic<bool>*>(open)->load()) {
+      std::this_thread::yield();
+    }
+    return PH_SUCCESS;
+  };
+  return gate;
+}
+
+// Counts the tasks that ran and checks they ran in launch order.
+struct OrderProbe {
+  std::atomic<int> next{0};
+  std::atomic<int> out_of_order{0};
+};
+
+struct OrderedTask {
+  OrderProbe* probe;
+  int index;
+};
+
+ph_host_task_t Ordered(OrderProbe* probe, int index) {
+  ph_host_task_t task = {};
+  task.name = "ordered";
+  task.user_data = new OrderedTask{probe, index};
+  task.run = [](void* data, char*, size_t) {
+    auto* self = static_cast<OrderedTask*>(data);
+    if (self->probe->next.fetch_add(1) != self->index) {
+      self->probe->out_of_order++;
+    }
+    return PH_SUCCESS;
+  };
+  task.release = [](void* data) { delete static_cast<OrderedTask*>(data); };
+  return task;
+}
+
+// The queue holds kLaunchQueueSlots pending tasks; a host thread launching
+// more waits for room, as a real driver's launch does, and every task
+// still runs, in order.
+TEST(LaunchQueue, AFullQueueMakesTheLauncherWaitAndLosesNothing) {
+  constexpr int kSlots = static_cast<int>(kLaunchQueueSlots);
+  constexpr int kTasks = kSlots + 100;
+  ph_stream_t stream = nullptr;
+  ASSERT_PH_OK(ph_stream_create(0, 0, &stream));
+  std::atomic<bool> open{false};
+  const ph_host_task_t gate = SpinGate(&open);
+  ASSERT_PH_OK(ph_launch_host_func(stream, &gate));
+  OrderProbe probe;
+  std::atomic<int> launched{0};
+  std::thread launcher([&] {
+    for (int i = 0; i < kTasks; ++i) {
+      const ph_host_task_t task = Ordered(&probe, i);
+      ASSERT_PH_OK(ph_launch_host_func(stream, &task));
+      launched++;
+    }
+  });
+  // The gate may still sit in the queue for a moment before the worker
+  // takes it, so the launcher stops at kSlots or kSlots - 1.
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (launched.load() < kSlots - 1 &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  EXPECT_GE(launched.load(), kSlots - 1);
+  EXPECT_LE(launched.load(), kSlots) << "launches did not wait for room";
+  EXPECT_EQ(probe.next.load(), 0);
+  open = true;
+  launcher.join();
+  ASSERT_PH_OK(ph_stream_synchronize(stream));
+  EXPECT_EQ(launched.load(), kTasks);
+  EXPECT_EQ(probe.next.load(), kTasks);
+  EXPECT_EQ(probe.out_of_order.load(), 0);
+  EXPECT_EQ(ph_stream_destroy(stream), PH_SUCCESS);
+}
+
+// Work that fills its own stream's queue cannot wait for room (only its
+// own worker would make it): the launch beyond the bound fails with a
+// message, the stream does not turn sticky, and what was queued runs.
+TEST(LaunchQueue, WorkThatFillsItsOwnStreamIsRefusedNotDeadlocked) {
+  constexpr int kSlots = static_cast<int>(kLaunchQueueSlots);
+  ph_stream_t stream = nullptr;
+  ASSERT_PH_OK(ph_stream_create(0, 0, &stream));
+  struct Outcome {
+    ph_stream_t stream;
+    OrderProbe probe;
+    int accepted = 0;
+    ph_status_t refusal = PH_SUCCESS;
+    std::string message;
+  } outcome;
+  outcome.stream = stream;
+  ph_host_task_t filler = {};
+  filler.name = "filler";
+  filler.user_data = &outcome;
+  filler.run = [](void* data, char*, size_t) {
+    auto* out = static_cast<Outcome*>(data);
+    for (int i = 0; i <= static_cast<int>(kLaunchQueueSlots); ++i) {
+      const ph_host_task_t task = Ordered(&out->probe, i);
+      const ph_status_t status = ph_launch_host_func(out->stream, &task);
+      if (status != PH_SUCCESS) {
+        out->refusal = status;
+        out->message = ph_last_error_message();
+        break;
+      }
+      out->accepted++;
+    }
+    return PH_SUCCESS;
+  };
+  ASSERT_PH_OK(ph_launch_host_func(stream, &filler));
+  ASSERT_PH_OK(ph_stream_synchronize(stream));  // the filler has finished:
+  ASSERT_PH_OK(ph_stream_synchronize(stream));  // and now what it queued
+  EXPECT_EQ(outcome.accepted, kSlots);
+  EXPECT_EQ(outcome.refusal, PH_ERROR_DEVICE);
+  EXPECT_NE(outcome.message.find("launch queue is full"), std::string::npos)
+      << outcome.message;
+  EXPECT_EQ(outcome.probe.next.load(), kSlots);
+  EXPECT_EQ(outcome.probe.out_of_order.load(), 0);
+  EXPECT_EQ(ph_stream_query(stream), PH_SUCCESS) << "the refusal is not sticky";
   EXPECT_EQ(ph_stream_destroy(stream), PH_SUCCESS);
 }
 

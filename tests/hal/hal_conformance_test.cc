@@ -20,6 +20,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "phantom/hal.h"
@@ -839,6 +840,75 @@ TEST(Stream, LaunchValidatesTheTaskAndReleasesOnError) {
   ASSERT_PH_OK(ph_launch_host_func(stream, &bare));
   ASSERT_PH_OK(ph_stream_synchronize(stream));
   EXPECT_EQ(bare_runs.load(), 1);
+}
+
+// Several host threads launching onto one stream: every task runs once,
+// and each thread's tasks run in the order it launched them. The worker is
+// held at first, so a driver with a bounded launch queue fills it and
+// makes the launchers wait for room.
+TEST(Stream, ConcurrentLaunchersKeepTheirOrderAndLoseNoTask) {
+  constexpr int kThreads = 4;
+  constexpr int kTasksEach = 1500;
+  ScopedStream stream;
+  Gate gate;
+  ASSERT_PH_OK(gate.Block(stream));
+  TaskProbe probe;
+  std::vector<std::pair<int, int>> ran;  // appended by the stream's work
+  ran.reserve(kThreads * kTasksEach);
+  std::vector<std::thread> launchers;
+  for (int t = 0; t < kThreads; ++t) {
+    launchers.emplace_back([&, t] {
+      for (int i = 0; i < kTasksEach; ++i) {
+        EXPECT_PH_OK(Launch(stream, "append", [&ran, t, i](char*, size_t) {
+          ran.emplace_back(t, i);
+          return PH_SUCCESS;
+        }, &probe));
+      }
+    });
+  }
+  std::this_thread::sleep_for(milliseconds(20));
+  gate.Open();
+  for (auto& launcher : launchers) launcher.join();
+  ASSERT_PH_OK(ph_stream_synchronize(stream));
+  ASSERT_EQ(ran.size(), static_cast<size_t>(kThreads * kTasksEach));
+  std::vector<int> next(kThreads, 0);
+  for (const auto& [thread, index] : ran) {
+    ASSERT_EQ(index, next[thread]) << "thread " << thread << "'s tasks reordered";
+    ++next[thread];
+  }
+  EXPECT_EQ(probe.runs.load(), kThreads * kTasksEach);
+  EXPECT_EQ(probe.releases.load(), kThreads * kTasksEach);
+}
+
+// Destroying a stream while another thread launches onto it: a launch
+// either succeeds (and its task runs) or is refused (and its task is
+// released); none is lost or run twice.
+TEST(Stream, DestroyWhileAnotherThreadLaunchesLosesNoTask) {
+  for (int round = 0; round < 20; ++round) {
+    ph_stream_t stream = nullptr;
+    ASSERT_PH_OK(ph_stream_create(0, 0, &stream));
+    TaskProbe probe;
+    std::atomic<int> accepted{0};
+    std::atomic<int> attempts{0};
+    std::atomic<bool> started{false};
+    std::thread launcher([&] {
+      for (;;) {
+        attempts++;
+        const ph_status_t status = Launch(stream, "late", nullptr, &probe);
+        started = true;
+        if (status != PH_SUCCESS) {
+          EXPECT_EQ(status, PH_ERROR_INVALID_HANDLE) << ph_last_error_message();
+          return;
+        }
+        accepted++;
+      }
+    });
+    while (!started) std::this_thread::yield();
+    EXPECT_PH_OK(ph_stream_destroy(stream));
+    launcher.join();
+    EXPECT_EQ(probe.runs.load(), accepted.load());
+    EXPECT_EQ(probe.releases.load(), attempts.load());
+  }
 }
 
 TEST(Stream, WaitingForItselfIsRefused) {
