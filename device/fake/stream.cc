@@ -76,7 +76,8 @@ void Stream::WorkerLoop() {
       if (ClosedAndDrained()) break;
       // Poll for the next task a while before sleeping (spin_wait.h).
       const bool ready = SpinUntil(
-          [&] { return Published(head_) || ClosedAndDrained(); });
+          [&] { return Published(head_) || ClosedAndDrained(); },
+          kIdlePollBudget);
       if (!ready) {
         std::unique_lock<std::mutex> lock(mutex_);
         worker_sleeping_.store(true, std::memory_order_seq_cst);
