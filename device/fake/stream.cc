@@ -59,46 +59,56 @@ Stream::Slot& Stream::SlotAt(uint64_t position) const {
   return slots_[position & (kLaunchQueueSlots - 1)];
 }
 
-bool Stream::Published(uint64_t position) const {
-  return SlotAt(position).sequence.load(std::memory_order_seq_cst) ==
-         position + 1;
-}
-
 bool Stream::ClosedAndDrained() const {
   const uint64_t tail = tail_.load(std::memory_order_seq_cst);
   return (tail & kClosedBit) != 0 && (tail & ~kClosedBit) == head_;
 }
 
+bool Stream::TakeNext(Task* task, bool* ran_inline) {
+  Slot& slot = SlotAt(head_);
+  if (slot.sequence.load(std::memory_order_acquire) == head_ + 1) {
+    *task = std::exchange(slot.task, Task{});
+    *ran_inline = std::exchange(slot.ran_inline, false);
+  } else {
+    if (overflow_front_.load(std::memory_order_seq_cst) != head_) return false;
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = overflow_.begin();  // == head_: only the worker erases
+    *task = std::move(it->second.task);
+    *ran_inline = it->second.ran_inline;
+    overflow_.erase(it);
+    overflow_front_.store(overflow_.empty() ? kNone : overflow_.begin()->first,
+                          std::memory_order_seq_cst);
+    // The slot was not used in this lap: it is free from the last one.
+  }
+  // Free the slot for the producer one lap later.
+  slot.sequence.store(head_ + kLaunchQueueSlots, std::memory_order_seq_cst);
+  ++head_;
+  return true;
+}
+
 void Stream::WorkerLoop() {
   t_current_stream = this;
   for (;;) {
-    if (!Published(head_)) {
-      if (ClosedAndDrained()) break;
-      // Poll for the next task a while before sleeping (spin_wait.h).
-      const bool ready = SpinUntil(
-          [&] { return Published(head_) || ClosedAndDrained(); },
-          kIdlePollBudget);
-      if (!ready) {
-        std::unique_lock<std::mutex> lock(mutex_);
-        worker_sleeping_.store(true, std::memory_order_seq_cst);
-        work_arrived_.wait(lock, [&] {
-          return Published(head_) || ClosedAndDrained();
-        });
-        worker_sleeping_.store(false, std::memory_order_relaxed);
-      }
+    Task task;
+    bool ran_inline = false;
+    if (TakeNext(&task, &ran_inline)) {
+      if (!ran_inline) Execute(std::move(task));
       continue;
     }
-    Slot& slot = SlotAt(head_);
-    Task task = std::exchange(slot.task, Task{});
-    const bool ran_inline = std::exchange(slot.ran_inline, false);
-    // Free the slot for the producer one lap later.
-    slot.sequence.store(head_ + kLaunchQueueSlots, std::memory_order_seq_cst);
-    ++head_;
-    if (producers_waiting_.load(std::memory_order_seq_cst) > 0) {
-      std::lock_guard<std::mutex> lock(mutex_);
-      slot_freed_.notify_all();
+    if (ClosedAndDrained()) break;
+    // Poll for the next task a while before sleeping (spin_wait.h).
+    const auto ready = [&] {
+      return SlotAt(head_).sequence.load(std::memory_order_seq_cst) ==
+                 head_ + 1 ||
+             overflow_front_.load(std::memory_order_seq_cst) == head_ ||
+             ClosedAndDrained();
+    };
+    if (!SpinUntil(ready, kIdlePollBudget)) {
+      std::unique_lock<std::mutex> lock(mutex_);
+      worker_sleeping_.store(true, std::memory_order_seq_cst);
+      work_arrived_.wait(lock, ready);
+      worker_sleeping_.store(false, std::memory_order_relaxed);
     }
-    if (!ran_inline) Execute(std::move(task));
   }
   t_current_stream = nullptr;
 }
@@ -154,56 +164,42 @@ void Stream::NotifyWaitersLocked() {
   }
 }
 
-Stream::Claim Stream::TryClaim(uint64_t* position, bool only_when_idle) {
+bool Stream::Claim(uint64_t* position, bool only_when_idle) {
   uint64_t tail = tail_.load(std::memory_order_seq_cst);
   for (;;) {
-    if ((tail & kClosedBit) != 0) return Claim::kClosed;
+    if ((tail & kClosedBit) != 0) return false;
     if (only_when_idle &&
         completed_.load(std::memory_order_seq_cst) != tail) {
-      return Claim::kBusy;
+      return false;
     }
-    const uint64_t sequence =
-        SlotAt(tail).sequence.load(std::memory_order_acquire);
-    if (sequence == tail) {
-      if (tail_.compare_exchange_weak(tail, tail + 1,
-                                      std::memory_order_seq_cst)) {
-        *position = tail;
-        return Claim::kClaimed;
-      }
-      // `tail` now holds the current value: try again.
-    } else if (sequence < tail) {
-      return Claim::kFull;  // the worker has not consumed the last lap's task
-    } else {
-      tail = tail_.load(std::memory_order_seq_cst);  // claimed by another
+    if (tail_.compare_exchange_weak(tail, tail + 1,
+                                    std::memory_order_seq_cst)) {
+      *position = tail;
+      return true;
     }
+    // `tail` now holds the current value: try again.
   }
 }
 
-Stream::Claim Stream::ClaimWaiting(uint64_t* position) {
-  for (;;) {
-    const Claim claim = TryClaim(position, false);
-    if (claim != Claim::kFull) return claim;
-    if (t_current_stream == this) return Claim::kFull;
-    // Wait for the worker to free the slot (spin_wait.h), then sleep.
-    const uint64_t tail = tail_.load(std::memory_order_seq_cst);
-    const auto freed = [&] {
-      return tail_.load(std::memory_order_seq_cst) != tail ||
-             SlotAt(tail).sequence.load(std::memory_order_seq_cst) >= tail;
-    };
-    if (SpinUntil(freed)) continue;
-    std::unique_lock<std::mutex> lock(mutex_);
-    producers_waiting_.fetch_add(1, std::memory_order_seq_cst);
-    slot_freed_.wait(lock, freed);
-    producers_waiting_.fetch_sub(1, std::memory_order_relaxed);
+void Stream::Publish(uint64_t position, Task task, bool ran_inline) {
+  Slot& slot = SlotAt(position);
+  if (slot.sequence.load(std::memory_order_acquire) == position) {
+    // The slot is free for this lap: the common, lock-free case.
+    slot.task = std::move(task);
+    slot.ran_inline = ran_inline;
+    slot.sequence.store(position + 1, std::memory_order_seq_cst);
+    if (worker_sleeping_.load(std::memory_order_seq_cst)) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      work_arrived_.notify_one();
+    }
+    return;
   }
-}
-
-void Stream::Publish(uint64_t position) {
-  SlotAt(position).sequence.store(position + 1, std::memory_order_seq_cst);
-  if (worker_sleeping_.load(std::memory_order_seq_cst)) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    work_arrived_.notify_one();
-  }
+  // The task one lap earlier still holds the slot (the queue is more than
+  // kLaunchQueueSlots deep): the overflow keeps this one.
+  std::lock_guard<std::mutex> lock(mutex_);
+  overflow_.emplace(position, Overflowed{std::move(task), ran_inline});
+  overflow_front_.store(overflow_.begin()->first, std::memory_order_seq_cst);
+  work_arrived_.notify_one();
 }
 
 ph_status_t Stream::Enqueue(Task task, bool refuse_when_sticky,
@@ -212,25 +208,13 @@ ph_status_t Stream::Enqueue(Task task, bool refuse_when_sticky,
   ph_status_t refusal = Refusal(refuse_when_sticky, &message);
   if (refusal == PH_SUCCESS) {
     uint64_t position = 0;
-    switch (ClaimWaiting(&position)) {
-      case Claim::kClaimed:
-        SlotAt(position).task = std::move(task);
-        Publish(position);
-        *out_generation = position + 1;
-        return PH_SUCCESS;
-      case Claim::kFull:
-        refusal = PH_ERROR_DEVICE;
-        message = "the stream's launch queue is full (" +
-                  std::to_string(kLaunchQueueSlots) +
-                  " tasks) and the caller is work running on that stream, "
-                  "which cannot wait for room: queue less from inside the "
-                  "work, or use another stream";
-        break;
-      default:
-        refusal = PH_ERROR_INVALID_HANDLE;
-        message = "the stream is being destroyed";
-        break;
+    if (Claim(&position, /*only_when_idle=*/false)) {
+      Publish(position, std::move(task), /*ran_inline=*/false);
+      *out_generation = position + 1;
+      return PH_SUCCESS;
     }
+    refusal = PH_ERROR_INVALID_HANDLE;
+    message = "the stream is being destroyed";
   }
   task.Release();
   return Fail(refusal, std::move(message));
@@ -244,23 +228,22 @@ ph_status_t Stream::RunNow(Task task) {
     return Fail(refusal, std::move(message));
   }
   uint64_t position = 0;
-  if (TryClaim(&position, /*only_when_idle=*/true) != Claim::kClaimed) {
-    // Busy (or full, or closing): queue it and wait, as the worker runs it.
+  if (!Claim(&position, /*only_when_idle=*/true)) {
+    // Busy (or closing): queue it and wait, as the worker runs it.
     uint64_t generation = 0;
     const ph_status_t queued = Enqueue(std::move(task), true, &generation);
     if (queued != PH_SUCCESS) return queued;
     WaitForGeneration(generation);
     return StickyStatus();
   }
-  // Every earlier task has completed and the worker waits at this slot:
-  // run the task here, as the stream's work, then publish the slot as
-  // already run so the worker moves past it.
+  // Every earlier task has completed and the worker waits at this
+  // position: run the task here, as the stream's work, then publish the
+  // position marked "already run" so the worker moves past it.
   Stream* const caller_stream = t_current_stream;
   t_current_stream = this;
   Execute(std::move(task));
   t_current_stream = caller_stream;
-  SlotAt(position).ran_inline = true;
-  Publish(position);
+  Publish(position, Task{}, /*ran_inline=*/true);
   return StickyStatus();
 }
 

@@ -41,16 +41,19 @@
 // With a mutex, the host's push and the worker's pop and completion took
 // one lock three times per op; on two cores that contention cost a futex
 // system call every few ops. The mutex is still there, but only for the
-// uncommon paths: sleeping and waking (an idle worker, a waiter, a full
-// queue), sticky errors and event markers.
-// A full queue makes the producer wait (spin, then sleep), as a real
-// driver blocks a launch when its command queue is full; work running on
-// the stream's own worker gets an error instead, since it would wait for
-// itself. The high bit of `tail_` closes the queue (Shutdown): no position
-// can be claimed after it, and the worker exits once it has consumed every
-// claimed position.
-// Sleeping without lost wake-ups: a sleeper (worker, waiter, producer on a
-// full queue) announces itself in an atomic before it checks its condition
+// uncommon paths: sleeping and waking (an idle worker, a waiter), the
+// overflow, sticky errors and event markers.
+// The ring does not bound the queue: a task whose slot is still held by
+// the task one lap earlier (more than kLaunchQueueSlots pending) goes to
+// an overflow map under the mutex, keyed by its position, and the worker
+// takes it from there in its turn. A launch never waits for room: it may
+// be made under a lock that the stream's own work needs (the caching
+// allocator records events under its mutex, and device work allocates),
+// or from that work itself. Destroy closes the queue with the high bit of
+// `tail_`: no position can be claimed after it, and the worker exits once
+// it has consumed every claimed position.
+// Sleeping without lost wake-ups: a sleeper (the worker, a waiter)
+// announces itself in an atomic before it checks its condition
 // a last time under the mutex; whoever makes the condition true stores it
 // first and then reads the announcement (both sequentially consistent),
 // and takes the mutex to notify only if someone sleeps.
@@ -65,6 +68,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -116,7 +120,7 @@ struct Task {
   }
 };
 
-// Pending tasks one stream holds at most; a launch beyond waits for room.
+// Slots in a stream's lock-free ring; more pending tasks overflow.
 constexpr uint64_t kLaunchQueueSlots = 1024;  // a power of two
 
 class Stream {
@@ -168,21 +172,23 @@ class Stream {
     // the slot.
     bool ran_inline = false;
   };
-  enum class Claim { kClaimed, kClosed, kFull, kBusy };
+  struct Overflowed {
+    Task task;
+    bool ran_inline = false;
+  };
   static constexpr uint64_t kClosedBit = uint64_t{1} << 63;
 
   void WorkerLoop();
   Slot& SlotAt(uint64_t position) const;
-  // Claims the next position into *position; `only_when_idle` claims it
-  // only if every earlier task has completed (kBusy otherwise).
-  Claim TryClaim(uint64_t* position, bool only_when_idle);
-  // Claims a position, waiting while the queue is full. kClaimed, kClosed,
-  // or kFull when the caller is this stream's worker (it would wait for
-  // itself).
-  Claim ClaimWaiting(uint64_t* position);
-  // Stores the slot's task as published and wakes a sleeping worker.
-  void Publish(uint64_t position);
-  bool Published(uint64_t position) const;
+  // Claims the next position into *position: false if the queue is closed,
+  // or, with `only_when_idle`, unless every earlier task has completed.
+  bool Claim(uint64_t* position, bool only_when_idle);
+  // Hands the task of a claimed position to the worker (its slot, or the
+  // overflow) and wakes a sleeping worker.
+  void Publish(uint64_t position, Task task, bool ran_inline);
+  // Takes the task at head_ if it has been published (without the lock
+  // when it is in the ring); false if not yet.
+  bool TakeNext(Task* task, bool* ran_inline);
   // Every claimed position consumed after Shutdown closed the queue.
   bool ClosedAndDrained() const;
   // Runs (or, on a sticky stream, skips) a task on the calling thread and
@@ -211,14 +217,18 @@ class Stream {
   // Who sleeps on the mutex's condition variables (see the top comment).
   std::atomic<bool> worker_sleeping_{false};
   std::atomic<int> waiters_{0};
-  std::atomic<int> producers_waiting_{0};
+  // The smallest position in overflow_, or kNone; written under mutex_,
+  // read without it.
+  static constexpr uint64_t kNone = ~uint64_t{0};
+  std::atomic<uint64_t> overflow_front_{kNone};
   // Written under mutex_ (after sticky_message_); read without it.
   std::atomic<ph_status_t> sticky_status_{PH_SUCCESS};
 
   std::mutex mutex_;  // guards what follows, and the sleeping above
   std::condition_variable work_arrived_;
   std::condition_variable task_completed_;
-  std::condition_variable slot_freed_;
+  // Tasks whose ring slot was still taken one lap earlier, by position.
+  std::map<uint64_t, Overflowed> overflow_;
   // Generations that threads are waiting for. The worker wakes waiters only
   // when the smallest is reached, not after every task: on a machine with
   // few cores, waking a waiter per task makes it compete with the worker.

@@ -1,7 +1,7 @@
 // Tests of the fake driver's own machinery, below what hal.h promises:
 // environment parsing, the offset allocator, the two-mapping memory model,
-// the fault handler, hole punching, the launch queue's bound, the copy
-// channels and process exit with live streams.
+// the fault handler, hole punching, the launch queue's overflow, the
+// copy channels and process exit with live streams.
 // Links the driver's objects directly, so private headers are fair game.
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -375,12 +376,12 @@ ph_host_task_t Ordered(OrderProbe* probe, int index) {
   return task;
 }
 
-// The queue holds kLaunchQueueSlots pending tasks; a host thread launching
-// more waits for room, as a real driver's launch does, and every task
-// still runs, in order.
-TEST(LaunchQueue, AFullQueueMakesTheLauncherWaitAndLosesNothing) {
-  constexpr int kSlots = static_cast<int>(kLaunchQueueSlots);
-  constexpr int kTasks = kSlots + 100;
+// The ring holds kLaunchQueueSlots tasks; more pending tasks overflow and
+// still run, in order. A launch never waits for room: it may be made under
+// a lock the stream's work needs (the caching allocator records events
+// under its mutex), so here every launch returns while the worker is held.
+TEST(LaunchQueue, MoreTasksThanTheRingHoldsOverflowAndRunInOrder) {
+  constexpr int kTasks = 3 * static_cast<int>(kLaunchQueueSlots) + 7;
   ph_stream_t stream = nullptr;
   ASSERT_PH_OK(ph_stream_create(0, 0, &stream));
   std::atomic<bool> open{false};
@@ -395,54 +396,45 @@ TEST(LaunchQueue, AFullQueueMakesTheLauncherWaitAndLosesNothing) {
       launched++;
     }
   });
-  // The gate may still sit in the queue for a moment before the worker
-  // takes it, so the launcher stops at kSlots or kSlots - 1.
   const auto deadline =
-      std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (launched.load() < kSlots - 1 &&
+      std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (launched.load() < kTasks &&
          std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
-  std::this_thread::sleep_for(std::chrono::milliseconds(30));
-  EXPECT_GE(launched.load(), kSlots - 1);
-  EXPECT_LE(launched.load(), kSlots) << "launches did not wait for room";
-  EXPECT_EQ(probe.next.load(), 0);
+  EXPECT_EQ(launched.load(), kTasks) << "a launch waited for room";
+  EXPECT_EQ(probe.next.load(), 0) << "work ran past the gate";
   open = true;
   launcher.join();
   ASSERT_PH_OK(ph_stream_synchronize(stream));
-  EXPECT_EQ(launched.load(), kTasks);
   EXPECT_EQ(probe.next.load(), kTasks);
   EXPECT_EQ(probe.out_of_order.load(), 0);
   EXPECT_EQ(ph_stream_destroy(stream), PH_SUCCESS);
 }
 
-// Work that fills its own stream's queue cannot wait for room (only its
-// own worker would make it): the launch beyond the bound fails with a
-// message, the stream does not turn sticky, and what was queued runs.
-TEST(LaunchQueue, WorkThatFillsItsOwnStreamIsRefusedNotDeadlocked) {
-  constexpr int kSlots = static_cast<int>(kLaunchQueueSlots);
+// Work may queue more than the ring holds onto its own stream: it cannot
+// wait for its own worker, and does not have to.
+TEST(LaunchQueue, WorkMayQueueMoreThanTheRingHoldsOntoItsOwnStream) {
+  constexpr int kTasks = static_cast<int>(kLaunchQueueSlots) + 100;
   ph_stream_t stream = nullptr;
   ASSERT_PH_OK(ph_stream_create(0, 0, &stream));
   struct Outcome {
     ph_stream_t stream;
     OrderProbe probe;
     int accepted = 0;
-    ph_status_t refusal = PH_SUCCESS;
-    std::string message;
   } outcome;
   outcome.stream = stream;
   ph_host_task_t filler = {};
   filler.name = "filler";
   filler.user_data = &outcome;
-  filler.run = [](void* data, char*, size_t) {
+  filler.run = [](void* data, char* error, size_t error_size) {
     auto* out = static_cast<Outcome*>(data);
-    for (int i = 0; i <= static_cast<int>(kLaunchQueueSlots); ++i) {
+    for (int i = 0; i < kTasks; ++i) {
       const ph_host_task_t task = Ordered(&out->probe, i);
       const ph_status_t status = ph_launch_host_func(out->stream, &task);
       if (status != PH_SUCCESS) {
-        out->refusal = status;
-        out->message = ph_last_error_message();
-        break;
+        std::snprintf(error, error_size, "%s", ph_last_error_message());
+        return status;
       }
       out->accepted++;
     }
@@ -451,13 +443,9 @@ TEST(LaunchQueue, WorkThatFillsItsOwnStreamIsRefusedNotDeadlocked) {
   ASSERT_PH_OK(ph_launch_host_func(stream, &filler));
   ASSERT_PH_OK(ph_stream_synchronize(stream));  // the filler has finished:
   ASSERT_PH_OK(ph_stream_synchronize(stream));  // and now what it queued
-  EXPECT_EQ(outcome.accepted, kSlots);
-  EXPECT_EQ(outcome.refusal, PH_ERROR_DEVICE);
-  EXPECT_NE(outcome.message.find("launch queue is full"), std::string::npos)
-      << outcome.message;
-  EXPECT_EQ(outcome.probe.next.load(), kSlots);
+  EXPECT_EQ(outcome.accepted, kTasks);
+  EXPECT_EQ(outcome.probe.next.load(), kTasks);
   EXPECT_EQ(outcome.probe.out_of_order.load(), 0);
-  EXPECT_EQ(ph_stream_query(stream), PH_SUCCESS) << "the refusal is not sticky";
   EXPECT_EQ(ph_stream_destroy(stream), PH_SUCCESS);
 }
 

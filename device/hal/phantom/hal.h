@@ -236,11 +236,12 @@ typedef struct ph_host_task {
 
 /* Queues `task` on `stream` and returns at once. If the stream already has
  * a sticky error, the task is released without running and the error is
- * returned. A driver's queue may be bounded: a launch onto a full queue
- * waits for room, as a real device's does (the fake holds 1,024 tasks per
- * stream), except from work running on that stream, which would wait for
- * itself: that launch fails with PH_ERROR_DEVICE and leaves the stream as
- * it was. On any error return, `release` has been called. */
+ * returned. A launch must not wait for the stream's own work: it may come
+ * from that work, or from a thread holding a lock that work needs (the
+ * runtime records events under its allocator's mutex, and device work
+ * allocates). A driver whose hardware queue is bounded keeps the excess
+ * on the host, as the fake does beyond its 1,024-slot ring. On any error
+ * return, `release` has been called. */
 PH_API ph_status_t ph_launch_host_func(ph_stream_t stream,
                                        const ph_host_task_t* task);
 
