@@ -32,9 +32,9 @@
 // Priority is recorded and reported but does not change scheduling on the
 // fake (every stream has its own thread; the OS schedules them fairly).
 //
-// The launch queue is lock-free (the issue's "a launch queue without a
-// lock per push"): a ring of kLaunchQueueSlots slots, each with a sequence
-// number (Vyukov's bounded queue). A producer claims a position with one
+// The launch queue takes no lock per push or pop: a ring of
+// kLaunchQueueSlots slots, each with a sequence number (Vyukov's bounded
+// queue). A producer claims a position with one
 // compare-and-swap on `tail_`, moves its task into the slot and publishes
 // it by storing the slot's sequence; the worker, the only consumer, reads
 // slots in order without any lock. Position n holds generation n + 1.
@@ -197,8 +197,8 @@ class Stream {
   // Wakes waiters whose generation has completed; mutex_ held.
   void NotifyWaitersLocked();
   ph_status_t StickyStatusLocked();
-  // Why a new task must be refused (sticky, if asked), with the message;
-  // PH_SUCCESS to accept it.
+  // Why a new task must be refused (the queue closed; or sticky, if
+  // asked), with the message; PH_SUCCESS to accept it.
   ph_status_t Refusal(bool refuse_when_sticky, std::string* message);
   void WaitLocked(std::unique_lock<std::mutex>& lock, uint64_t generation);
   uint64_t Enqueued() const {
