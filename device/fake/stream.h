@@ -208,14 +208,17 @@ class Stream {
   const int device_;
   const int priority_;
   std::unique_ptr<Slot[]> slots_;
-  // Positions claimed so far (and kClosedBit); producers only.
+  // Cache lines by who writes them, so that a launch and the worker's
+  // step touch no line the other side wrote in steady state.
+  // Written by producers: positions claimed so far (and kClosedBit).
   alignas(64) std::atomic<uint64_t> tail_{0};
-  // Tasks counted complete; the worker (or a RunNow caller) only.
+  // Written by the worker (or a RunNow caller) per task: tasks counted
+  // complete, and the next position to consume (the worker's own).
   alignas(64) std::atomic<uint64_t> completed_{0};
-  // Next position to consume; the worker's own.
-  alignas(64) uint64_t head_ = 0;
+  uint64_t head_ = 0;
+  // Read on every launch or task, written only on uncommon paths.
   // Who sleeps on the mutex's condition variables (see the top comment).
-  std::atomic<bool> worker_sleeping_{false};
+  alignas(64) std::atomic<bool> worker_sleeping_{false};
   std::atomic<int> waiters_{0};
   // The smallest position in overflow_, or kNone; written under mutex_,
   // read without it.
@@ -224,7 +227,8 @@ class Stream {
   // Written under mutex_ (after sticky_message_); read without it.
   std::atomic<ph_status_t> sticky_status_{PH_SUCCESS};
 
-  std::mutex mutex_;  // guards what follows, and the sleeping above
+  // Guards what follows, and the sleeping above.
+  alignas(64) std::mutex mutex_;
   std::condition_variable work_arrived_;
   std::condition_variable task_completed_;
   // Tasks whose ring slot was still taken one lap earlier, by position.
