@@ -1,14 +1,12 @@
-// Per-device memfd arenas; see device_memory.h for the memory model.
+// Per-device arenas; see device_memory.h for the memory model.
 #include "device_memory.h"
 
-#include <fcntl.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
-#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -46,6 +44,23 @@ size_t AddressSpaceFor(size_t capacity) {
   return capacity + (extra < kMaxExtraAddressSpace ? extra : kMaxExtraAddressSpace);
 }
 
+// An anonymous MAP_NORESERVE mapping of `size` bytes whose start is a
+// multiple of kViewAlignment, or MAP_FAILED (errno set).
+void* MapAligned(size_t size, int protection) {
+  const size_t padded = size + kViewAlignment;
+  void* raw = mmap(nullptr, padded, protection,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (raw == MAP_FAILED) return MAP_FAILED;
+  const uintptr_t first = reinterpret_cast<uintptr_t>(raw);
+  const uintptr_t start = (first + kViewAlignment - 1) & ~(kViewAlignment - 1);
+  if (start > first) munmap(raw, start - first);
+  const uintptr_t tail = start + size;
+  if (first + padded > tail) {
+    munmap(reinterpret_cast<void*>(tail), first + padded - tail);
+  }
+  return reinterpret_cast<void*>(start);
+}
+
 }  // namespace
 
 DeviceMemory::DeviceMemory(int device, size_t capacity)
@@ -56,7 +71,6 @@ DeviceMemory::DeviceMemory(int device, size_t capacity)
 
 ph_status_t DeviceMemory::EnsureMappedLocked() {
   if (base_ != 0) return PH_SUCCESS;
-  const std::string name = "phantom-device-" + std::to_string(device_);
   auto fail = [&](const char* step) {
     const int error = errno;
     return Fail(PH_ERROR_OUT_OF_MEMORY,
@@ -65,29 +79,18 @@ ph_status_t DeviceMemory::EnsureMappedLocked() {
                     " of memory (" + step + ": " + std::strerror(error) +
                     "); lower PHANTOM_DEVICE_MEMORY or PHANTOM_DEVICE_COUNT");
   };
-  const int fd = memfd_create(name.c_str(), MFD_CLOEXEC);
-  if (fd < 0) return fail("memfd_create");
-  if (ftruncate(fd, static_cast<off_t>(address_space_)) != 0) {
-    ph_status_t status = fail("ftruncate");
-    close(fd);
-    return status;
-  }
-  void* base = mmap(nullptr, address_space_, PROT_NONE, MAP_SHARED | MAP_NORESERVE,
-                    fd, 0);
-  if (base == MAP_FAILED) {
-    ph_status_t status = fail("mmap of the device range");
-    close(fd);
-    return status;
-  }
-  void* view = mmap(nullptr, address_space_, PROT_READ | PROT_WRITE,
-                    MAP_SHARED | MAP_NORESERVE, fd, 0);
+  void* base = MapAligned(address_space_, PROT_NONE);
+  if (base == MAP_FAILED) return fail("mmap of the device range");
+  void* view = MapAligned(address_space_, PROT_READ | PROT_WRITE);
   if (view == MAP_FAILED) {
     ph_status_t status = fail("mmap of the kernel view");
     munmap(base, address_space_);
-    close(fd);
     return status;
   }
-  fd_ = fd;
+  // Both are advice: without them the view still works, with 4 KiB pages
+  // and inherited by a child.
+  (void)madvise(view, address_space_, MADV_HUGEPAGE);
+  (void)madvise(view, address_space_, MADV_DONTFORK);
   base_ = reinterpret_cast<uintptr_t>(base);
   view_ = reinterpret_cast<uintptr_t>(view);
   PublishDeviceRange(device_, base_, address_space_, view_);
@@ -136,15 +139,14 @@ ph_status_t DeviceMemory::Free(uintptr_t address) {
                     " is not a live allocation on phantom device " +
                     std::to_string(device_) + " (already freed?)");
   }
-  if (block.rounded_size >= kPunchHoleThreshold) {
+  if (block.rounded_size >= kReleasePagesThreshold) {
     const size_t page = PageSize();
     const size_t start = (block.offset + page - 1) / page * page;
     const size_t end = (block.offset + block.rounded_size) / page * page;
     if (end > start) {
       // Failure only means the pages stay resident; the free still holds.
-      (void)fallocate(fd_, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-                      static_cast<off_t>(start),
-                      static_cast<off_t>(end - start));
+      (void)madvise(reinterpret_cast<void*>(view_ + start), end - start,
+                    MADV_DONTNEED);
     }
   }
   return PH_SUCCESS;
@@ -165,12 +167,35 @@ void DeviceMemory::GetInfo(size_t* out_free, size_t* out_total) {
   *out_total = capacity_;
 }
 
-size_t DeviceMemory::ResidentBytes() {
+ViewResidency DeviceMemory::Residency() {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (fd_ < 0) return 0;
-  struct stat status = {};
-  if (fstat(fd_, &status) != 0) return 0;
-  return static_cast<size_t>(status.st_blocks) * 512;
+  ViewResidency residency;
+  if (view_ == 0) return residency;
+  // The view's entry in /proc/self/smaps: "<start>-<end> ..." followed by
+  // "Name: <n> kB" lines up to the next mapping's range.
+  std::FILE* smaps = std::fopen("/proc/self/smaps", "r");
+  if (smaps == nullptr) return residency;
+  char line[512];
+  bool in_view = false;
+  while (std::fgets(line, sizeof line, smaps) != nullptr) {
+    unsigned long start = 0;
+    unsigned long end = 0;
+    if (std::sscanf(line, "%lx-%lx ", &start, &end) == 2) {
+      if (in_view) break;
+      in_view = start == view_;
+      residency.mapped = residency.mapped || in_view;
+      continue;
+    }
+    unsigned long kib = 0;
+    if (!in_view) continue;
+    if (std::sscanf(line, "Rss: %lu kB", &kib) == 1) {
+      residency.resident = static_cast<size_t>(kib) * 1024;
+    } else if (std::sscanf(line, "AnonHugePages: %lu kB", &kib) == 1) {
+      residency.huge = static_cast<size_t>(kib) * 1024;
+    }
+  }
+  std::fclose(smaps);
+  return residency;
 }
 
 DeviceMemory& GetDeviceMemory(int device) {

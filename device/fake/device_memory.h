@@ -1,33 +1,47 @@
-// Device memory: one arena per device, backed by a memfd mapped twice.
+// Device memory: one arena per device, a reserved range and a kernel view.
 //
-// Each device owns a memfd of `capacity` bytes (sparse: ftruncate only, so
-// untouched memory costs nothing). It is mapped twice, MAP_SHARED:
+// Each device has two anonymous mappings of the same length, reserved with
+// MAP_NORESERVE (untouched memory costs nothing):
 //   - PROT_NONE: these addresses are the device pointers ph_malloc returns.
-//     Host code that dereferences one faults (see fault_handler.h).
-//   - PROT_READ|PROT_WRITE: the "kernel view". Work running on a stream and
-//     the copy engine reach device byte d at view + (d - base).
-// Both mappings alias the same pages, so no protection is ever toggled and
-// concurrent threads see one consistent memory. The arena is mapped lazily
-// at the first allocation on the device, so an unused device costs no
-// address space; once mapped it stays mapped for the life of the process
-// (device pointers must never be reused for host memory).
+//     Host code that dereferences one faults (see fault_handler.h). Nothing
+//     is ever mapped there; it is address space only.
+//   - PROT_READ|PROT_WRITE: the "kernel view", where the device's bytes
+//     live. Work running on a stream and the copy engine reach device byte
+//     d at view + (d - base).
+// No protection is ever toggled, so concurrent threads see one consistent
+// memory. The arena is mapped lazily at the first allocation on the device,
+// so an unused device costs no address space; once mapped it stays mapped
+// for the life of the process (device pointers must never be reused for
+// host memory).
+//
+// The view is private anonymous memory, 2 MiB-aligned and advised for
+// transparent huge pages (MADV_HUGEPAGE), as a GPU maps its memory with
+// large pages: a kernel that gathers rows from a large table (EmbeddingBag
+// over 256 MiB) misses the TLB far less, and a fresh 2 MiB block costs one
+// page fault instead of 512. Where THP is off ("never") the advice is
+// ignored and the view uses 4 KiB pages. The view is not inherited by a
+// forked child (MADV_DONTFORK, as a GPU driver's mappings are not): the
+// runtime refuses device use in such a child, and the parent does not pay
+// copy-on-write faults on its device memory after every fork. (Shared
+// memory, a memfd, would alias the two mappings but gets no huge pages
+// where shmem THP is off, the usual default.)
 //
 // The device's address range is larger than its capacity (kAddressSpace-
 // Factor times, at most kMaxExtraAddressSpace more): capacity is enforced
 // by counting bytes, and the spare addresses play the part of a GPU
 // driver's virtual memory, so that freeing memory makes the whole capacity
 // allocatable again instead of leaving it fragmented around a small block
-// that is still live. Untouched addresses cost nothing (sparse memfd,
-// MAP_NORESERVE).
+// that is still live.
 //
 // Sub-allocation is a RangeAllocator (best fit, coalescing). Freeing a block
-// of at least kPunchHoleThreshold punches a hole in the memfd over the
-// block's page-aligned interior, returning the pages to the OS the way
-// freeing device memory on hardware makes it available again.
+// of at least kReleasePagesThreshold returns the view's pages over the
+// block's page-aligned interior to the OS (MADV_DONTNEED), the way freeing
+// device memory on hardware makes it available again; reallocated, those
+// bytes read as zero.
 //
 // Locking: one mutex per device guards its allocator and lazy mapping. It is
-// held only for bookkeeping (and the hole punch, so the range cannot be
-// re-allocated and written before the punch lands); copies never hold it.
+// held only for bookkeeping (and the page release, so the range cannot be
+// re-allocated and written before the release lands); copies never hold it.
 #ifndef PHANTOM_FAKE_DEVICE_MEMORY_H_
 #define PHANTOM_FAKE_DEVICE_MEMORY_H_
 
@@ -40,7 +54,8 @@
 
 namespace phantom::fake {
 
-constexpr size_t kPunchHoleThreshold = size_t{2} << 20;  // 2 MiB
+constexpr size_t kReleasePagesThreshold = size_t{2} << 20;  // 2 MiB
+constexpr size_t kViewAlignment = size_t{2} << 20;  // a huge page
 constexpr size_t kAddressSpaceFactor = 4;  // device range = capacity * this ...
 constexpr size_t kMaxExtraAddressSpace = size_t{64} << 30;  // ... or + 64 GiB
 
@@ -50,6 +65,14 @@ struct DeviceAddressInfo {
   bool live = false;     // inside a live allocation
   uintptr_t base = 0;    // start of that allocation
   size_t size = 0;       // its requested size
+};
+
+// How much of a device's kernel view is backed by pages, from
+// /proc/self/smaps (for tests of page release, huge pages and fork).
+struct ViewResidency {
+  bool mapped = false;  // this process has the view mapped
+  size_t resident = 0;  // bytes backed by pages
+  size_t huge = 0;      // of those, bytes in transparent huge pages
 };
 
 class DeviceMemory {
@@ -66,8 +89,7 @@ class DeviceMemory {
   void Lookup(uintptr_t address, DeviceAddressInfo* info);
   // Bytes not reserved by live allocations, and the capacity.
   void GetInfo(size_t* out_free, size_t* out_total);
-  // Bytes of the memfd actually backed by pages (for tests of hole punching).
-  size_t ResidentBytes();
+  ViewResidency Residency();
 
  private:
   ph_status_t EnsureMappedLocked();
@@ -77,7 +99,6 @@ class DeviceMemory {
   const size_t address_space_;  // size of the device range (>= capacity_)
   std::mutex mutex_;  // guards everything below
   RangeAllocator allocator_;
-  int fd_ = -1;
   uintptr_t base_ = 0;  // PROT_NONE mapping, 0 until mapped
   uintptr_t view_ = 0;  // read-write mapping
 };

@@ -1,6 +1,6 @@
 // Tests of the fake driver's own machinery, below what hal.h promises:
 // environment parsing, the offset allocator, the two-mapping memory model,
-// the fault handler, hole punching, the launch queue's overflow, the
+// the fault handler, page release, huge pages, the launch queue's overflow, the
 // copy channels and process exit with live streams.
 // Links the driver's objects directly, so private headers are fair game.
 #include <gtest/gtest.h>
@@ -205,22 +205,67 @@ TEST(MemoryModel, FreeingALargeBlockReturnsPagesToTheOs) {
   void* device = nullptr;
   ASSERT_PH_OK(ph_malloc(1, kSize, &device));
   DeviceMemory& memory = GetDeviceMemory(1);
-  const size_t before = memory.ResidentBytes();
+  const size_t before = memory.Residency().resident;
   std::memset(KernelViewOf(device), 1, kSize);  // touch every page
-  const size_t touched = memory.ResidentBytes();
+  const size_t touched = memory.Residency().resident;
   EXPECT_GE(touched, before + kSize);
   ASSERT_PH_OK(ph_free(device));
-  EXPECT_LE(memory.ResidentBytes(), touched - kSize);
+  EXPECT_LE(memory.Residency().resident, touched - kSize);
 }
 
-TEST(MemoryModel, SmallBlocksAreNotPunched) {
+TEST(MemoryModel, SmallBlocksKeepTheirPages) {
   void* device = nullptr;
   ASSERT_PH_OK(ph_malloc(1, 64 * 1024, &device));
   DeviceMemory& memory = GetDeviceMemory(1);
   std::memset(KernelViewOf(device), 1, 64 * 1024);
-  const size_t touched = memory.ResidentBytes();
+  const size_t touched = memory.Residency().resident;
   ASSERT_PH_OK(ph_free(device));
-  EXPECT_EQ(memory.ResidentBytes(), touched) << "small frees keep their pages";
+  EXPECT_EQ(memory.Residency().resident, touched) << "small frees keep their pages";
+}
+
+// True if the kernel gives huge pages to memory advised MADV_HUGEPAGE.
+bool TransparentHugePagesOnAdvice() {
+  std::FILE* file =
+      std::fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+  if (file == nullptr) return false;
+  char text[128] = {};
+  const size_t read = std::fread(text, 1, sizeof text - 1, file);
+  std::fclose(file);
+  text[read] = '\0';
+  return std::strstr(text, "[always]") != nullptr ||
+         std::strstr(text, "[madvise]") != nullptr;
+}
+
+TEST(MemoryModel, KernelViewUsesHugePagesWhereTheOsOffersThem) {
+  if (!TransparentHugePagesOnAdvice()) {
+    GTEST_SKIP() << "transparent huge pages are off on this machine";
+  }
+  constexpr size_t kSize = 64 << 20;
+  void* device = nullptr;
+  ASSERT_PH_OK(ph_malloc(1, kSize, &device));
+  std::memset(KernelViewOf(device), 1, kSize);
+  // Most of it: earlier tests may have left 4 KiB pages in part of the
+  // range, and the kernel may serve a fault with small pages when it has
+  // no free 2 MiB of physical memory at hand.
+  EXPECT_GE(GetDeviceMemory(1).Residency().huge, kSize / 2)
+      << "a 64 MiB block touched through the view should sit in 2 MiB pages";
+  ASSERT_PH_OK(ph_free(device));
+}
+
+TEST(MemoryModel, AForkedChildDoesNotInheritTheKernelView) {
+  void* device = nullptr;
+  ASSERT_PH_OK(ph_malloc(1, 4096, &device));
+  DeviceMemory& memory = GetDeviceMemory(1);
+  ASSERT_TRUE(memory.Residency().mapped);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) _exit(memory.Residency().mapped ? 1 : 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0)
+      << "the child has the parent's device memory mapped";
+  ASSERT_PH_OK(ph_free(device));
 }
 
 /* ---- Fault handler ----------------------------------------------------- */
