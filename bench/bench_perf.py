@@ -8,9 +8,9 @@ is printed and saved). Both versions are warmed up, then timed in R
 interleaved rounds: each round times phantom then CPU (the order flips
 every round, so drift of a shared machine hits both alike). One sample
 runs the work `inner` times back to back; a phantom sample ends with
-torch.phantom.synchronize(), so queued work is paid for. `inner` is chosen
-from the CPU's warm-up time (five calls back to back for short work) so
-that a sample lasts at least --min-sample-ms.
+torch.phantom.synchronize(), so queued work is paid for. `inner` is the
+number of calls with which one CPU sample, timed the same way, lasted at
+least --min-sample-ms (grown until it did).
 The result of a case is the median per-call time of each device and the
 ratio phantom/CPU (lower is better; 1.0 = as fast as the CPU, which runs
 the very same kernels without a device in between).
@@ -124,16 +124,22 @@ def time_case(make, reps, min_sample_s, inner=None):
 
     # Warm-up: first touch of memory, allocator caches, Meta-kernel caches.
     sample(PHANTOM, 1)
-    cpu_once = min(sample("cpu", 1), sample("cpu", 1))
-    if cpu_once < min_sample_s / 5:
-        # One call right after the pause is slower than the calls that
-        # follow it (threads wake up), so a sample of inner calls sized
-        # from it would last less than min_sample_s (a training step: 8 ms
-        # of 20). Size it from five calls back to back instead.
-        cpu_once = min(sample("cpu", 5), sample("cpu", 5))
-    sample(PHANTOM, 1)
+    sample("cpu", 1)
     if inner is None:
-        inner = max(1, int(min_sample_s / max(cpu_once, 1e-7)))
+        # Size a sample from the CPU (the same rule for both devices): grow
+        # the number of calls until one sample of them, timed exactly as
+        # below, lasts min_sample_s. Sizing it from one or five calls right
+        # after the pause came out too small when those calls were slow: in
+        # three full runs the MLP's and the Transformer's samples had 2-4
+        # steps, 5-15 ms instead of 20, so the threads' wake-up after the
+        # pause weighed on every sample.
+        inner = 1
+        while inner < 1 << 24:
+            per_call = sample("cpu", inner)
+            if per_call * inner >= min_sample_s:
+                break
+            inner = max(2 * inner, int(1.2 * min_sample_s / max(per_call, 1e-9)))
+    sample(PHANTOM, 1)
     samples = {PHANTOM: [], "cpu": []}
     for r in range(reps):
         order = (PHANTOM, "cpu") if r % 2 == 0 else ("cpu", PHANTOM)
