@@ -213,8 +213,8 @@ ph_status_t Stream::Enqueue(Task task, bool refuse_when_sticky,
       *out_generation = position + 1;
       return PH_SUCCESS;
     }
-    refusal = PH_ERROR_INVALID_HANDLE;
-    message = "the stream is being destroyed";
+    // Closed since the check above; the bit stays set, so this refuses.
+    refusal = Refusal(false, &message);
   }
   task.Release();
   return Fail(refusal, std::move(message));
