@@ -11,7 +11,9 @@
 //     view of the argument's storage;
 //   - any other result gets new device memory with the Meta strides.
 // The queued work aliases arguments and outputs as CPU tensors, runs the CPU
-// kernel, and copies fresh results into the outputs. It holds no
+// kernel, and copies fresh results into the outputs (a large result is
+// usually computed in place instead: the output's memory is lent to the
+// kernel's allocation, phantom/KernelHostMemory.h). It holds no
 // references to device memory (DeviceTensorRef), as a kernel on hardware.
 //
 // The host takes the synchronous path instead (and says why, in the ops
@@ -34,6 +36,7 @@
 // The hottest elementwise ops (add, sub, mul, div, relu) do not come here
 // in their common cases: they have native kernels (Elementwise.cpp).
 #include <phantom/Generator.h>
+#include <phantom/KernelHostMemory.h>
 #include <phantom/Launch.h>
 #include <phantom/Storage.h>
 #include <phantom/Stream.h>
@@ -357,6 +360,41 @@ bool hasNativeMetaKernel(const c10::OperatorHandle& op) {
   return native;
 }
 
+// Copies each CPU result into its device output (`outs[i]` receives
+// result fresh[i].first), except a result the kernel computed in place, in
+// the output's own memory (lent to it). A result that lies in another
+// output's lent memory (one buffer returned as two results) is copied out
+// first, before that output is written.
+void copyResultsIntoOutputs(
+    const c10::SmallVector<at::Tensor, 4>& outs,
+    const std::vector<std::pair<size_t, DeviceTensorRef>>& fresh,
+    std::vector<at::Tensor>& cpu_results) {
+  const auto inPlace = [](const at::Tensor& cpu, const at::Tensor& out) {
+    return cpu.data_ptr() == out.data_ptr() && cpu.strides() == out.strides();
+  };
+  const auto insideAnOutput = [&](const at::Tensor& cpu) {
+    const char* begin = static_cast<const char*>(cpu.storage().data());
+    const char* end = begin + cpu.storage().nbytes();
+    for (const at::Tensor& out : outs) {
+      const char* out_begin = static_cast<const char*>(out.data_ptr());
+      if (begin < out_begin + out.nbytes() && out_begin < end) return true;
+    }
+    return false;
+  };
+  for (size_t i = 0; i < fresh.size(); ++i) {
+    at::Tensor& cpu = cpu_results[fresh[i].first];
+    if (!inPlace(cpu, outs[i]) && insideAnOutput(cpu)) {
+      cpu = cpu.clone();
+    }
+  }
+  for (size_t i = 0; i < fresh.size(); ++i) {
+    const at::Tensor& cpu = cpu_results[fresh[i].first];
+    if (!inPlace(cpu, outs[i])) {
+      outs[i].copy_(cpu);
+    }
+  }
+}
+
 // Queues the op's CPU kernel over aliases of `args`; each `fresh` entry
 // (result index, device tensor) receives that CPU result, which must have
 // the shape and dtype computed ahead.
@@ -392,6 +430,18 @@ void queueCpuKernel(const c10::OperatorHandle& op,
     for (const KernelArgument& arg : kernel_args) {
       kernel_stack.push_back(arg.toKernel(aliases));
     }
+    // Each large dense output's memory is offered to the kernel's
+    // allocation of its size, so the result may be computed in place
+    // (KernelHostMemory.h, "Lending").
+    c10::SmallVector<at::Tensor, 4> outs;
+    LendingScope lending;
+    for (const auto& entry : fresh) {
+      outs.push_back(aliases.alias(entry.second));
+      const at::Tensor& out = outs.back();
+      if (out.numel() > 0 && out.is_non_overlapping_and_dense()) {
+        lending.offer(out.data_ptr(), out.nbytes());
+      }
+    }
     if (op.hasKernelForDispatchKey(c10::DispatchKey::CPU)) {
       op.callBoxedForDispatchKey(c10::DispatchKey::CPU, kernel_stack);
     } else {
@@ -399,14 +449,17 @@ void queueCpuKernel(const c10::OperatorHandle& op,
       // the dispatch table; it runs its ops on the CPU aliases.
       op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &kernel_stack);
     }
+    lending.close();
     std::vector<at::Tensor> cpu_results;
     for (const c10::IValue& value : kernel_stack) {
       flatten(value, cpu_results);
     }
-    for (const auto& [index, ref] : fresh) {
+    kernel_stack.clear();
+    for (size_t i = 0; i < fresh.size(); ++i) {
+      const size_t index = fresh[i].first;
       TORCH_CHECK(index < cpu_results.size(),
                   "the CPU kernel returned fewer results than its Meta kernel");
-      at::Tensor out = aliases.alias(ref);
+      const at::Tensor& out = outs[i];
       const at::Tensor& cpu = cpu_results[index];
       // copy_ would broadcast a smaller result: a wrong answer computed
       // ahead must fail loudly instead, and not be used again.
@@ -421,8 +474,14 @@ void queueCpuKernel(const c10::OperatorHandle& op,
                           : "Run with PHANTOM_SYNC_GENERIC=1 to work around "
                             "it, and report it");
       }
-      out.copy_(cpu);
     }
+    copyResultsIntoOutputs(outs, fresh, cpu_results);
+    cpu_results.clear();
+    TORCH_CHECK(!lending.lentBlockStillAlive(), op.schema().name(),
+                "'s CPU kernel kept a buffer past its return in device memory "
+                "phantom had lent it for a result (KernelHostMemory.h): the "
+                "op's outputs are not safe to use. Set PHANTOM_NO_LENDING=1 to "
+                "work around it, and report it");
   };
   if (generator != nullptr) {
     generator->queueDraw(stream, [&] {

@@ -7,12 +7,21 @@
 
 #include <pthread.h>
 
+#include <cstdlib>
+#include <cstring>
+
 #include <mutex>
 #include <new>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 namespace phantom {
+
+// The open LendingScope's block of exactly `nbytes`, marked taken, or
+// nullptr. Only the thread that opened the scope sees it.
+void* takeLentBlock(size_t nbytes);
+
 namespace {
 
 constexpr size_t kPage = 4096;
@@ -30,17 +39,29 @@ class KernelHostAllocator final : public c10::Allocator {
     if (n < kMinCachedBytes || !inDeviceWork()) {
       return previous_->allocate(n);
     }
+    if (void* lent = takeLentBlock(n)) {
+      std::lock_guard<std::mutex> lock(mutex());
+      lent_.insert(lent);
+      stats_.lent += 1;
+      return {lent, lent, &freeLent, c10::Device(c10::DeviceType::CPU)};
+    }
     void* data = takeBlock(roundedSize(n));
     return {data, data, &freeCached, c10::Device(c10::DeviceType::CPU)};
   }
 
-  // Blocks of both kinds have data == context, so raw_allocate works (the
-  // oneDNN integration allocates its buffers that way), and this deleter
-  // frees either kind.
+  // Blocks of all three kinds (cached, lent, the previous allocator's) have
+  // data == context, so raw_allocate works (the oneDNN integration
+  // allocates its buffers that way), and this deleter frees any of them.
   c10::DeleterFnPtr raw_deleter() const override { return &freeAny; }
 
   void copy_data(void* dest, const void* src, size_t count) const override {
     default_copy_data(dest, src, count);
+  }
+
+  // Whether `block`, lent from a device output, is still allocated.
+  bool stillLent(void* block) {
+    std::lock_guard<std::mutex> lock(mutex());
+    return lent_.count(block) != 0;
   }
 
   KernelHostMemoryStats stats() {
@@ -98,12 +119,13 @@ class KernelHostAllocator final : public c10::Allocator {
     stats_.live_bytes += size;
   }
 
-  // Returns false if `block` is not one of the cache's live blocks.
+  // Returns false if `block` is neither one of the cache's live blocks nor
+  // a lent one (whose memory is the device's: it is only forgotten).
   bool giveBack(void* block) {
     {
       std::lock_guard<std::mutex> lock(mutex());
       const auto it = live_.find(block);
-      if (it == live_.end()) return false;
+      if (it == live_.end()) return lent_.erase(block) != 0;
       const size_t size = it->second;
       live_.erase(it);
       stats_.live_bytes -= size;
@@ -118,6 +140,7 @@ class KernelHostAllocator final : public c10::Allocator {
   }
 
   static void freeCached(void* block);
+  static void freeLent(void* block);
   static void freeAny(void* block);
 
   c10::Allocator* previous_;
@@ -125,6 +148,7 @@ class KernelHostAllocator final : public c10::Allocator {
   std::mutex* mutex_ = new std::mutex();  // never destroyed (see exit)
   std::unordered_map<size_t, std::vector<void*>> free_;  // by rounded size
   std::unordered_map<void*, size_t> live_;
+  std::unordered_set<void*> lent_;  // device memory handed to kernels
   KernelHostMemoryStats stats_;  // byte counts and tallies; blocks: counted
 };
 
@@ -133,6 +157,10 @@ class KernelHostAllocator final : public c10::Allocator {
 KernelHostAllocator* instance = nullptr;
 
 void KernelHostAllocator::freeCached(void* block) {
+  instance->giveBack(block);
+}
+
+void KernelHostAllocator::freeLent(void* block) {
   instance->giveBack(block);
 }
 
@@ -169,6 +197,69 @@ void releaseKernelHostMemory() {
   if (instance != nullptr) {
     instance->release();
   }
+}
+
+namespace {
+thread_local LendingScope* open_scope = nullptr;
+}  // namespace
+
+void* takeLentBlock(size_t nbytes) {
+  LendingScope* scope = open_scope;
+  if (scope == nullptr) return nullptr;
+  for (LendingScope::Offer& offer : scope->offers_) {
+    if (!offer.taken && offer.nbytes == nbytes) {
+      offer.taken = true;
+      return offer.data;
+    }
+  }
+  return nullptr;
+}
+
+LendingScope::LendingScope() {
+  // PHANTOM_NO_LENDING=1: the way out if a kernel turns out to keep a
+  // buffer (the scope's owner then fails the op and says so).
+  static const bool disabled = [] {
+    const char* value = std::getenv("PHANTOM_NO_LENDING");
+    return value != nullptr && std::strcmp(value, "1") == 0;
+  }();
+  // Lending needs the wrapped allocator, which device work installs.
+  if (!disabled && open_scope == nullptr && instance != nullptr && inDeviceWork()) {
+    open_scope = this;
+    active_ = true;
+  }
+}
+
+LendingScope::~LendingScope() { close(); }
+
+bool LendingScope::offer(void* data, size_t nbytes) {
+  if (!active_ || data == nullptr || nbytes < kMinCachedBytes) return false;
+  for (Offer& offer : offers_) {
+    if (offer.nbytes == nbytes) {
+      // Two blocks of one size: the kernel could put either result in
+      // either block. Withdraw the first (never hand it out); refuse this.
+      offer.taken = true;
+      offer.data = nullptr;
+      return false;
+    }
+  }
+  offers_.push_back(Offer{data, nbytes, false});
+  return true;
+}
+
+void LendingScope::close() {
+  if (active_) {
+    open_scope = nullptr;
+    active_ = false;
+  }
+}
+
+bool LendingScope::lentBlockStillAlive() const {
+  for (const Offer& offer : offers_) {
+    if (offer.taken && offer.data != nullptr && instance->stillLent(offer.data)) {
+      return true;
+    }
+  }
+  return false;
 }
 
 }  // namespace phantom

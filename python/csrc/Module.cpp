@@ -209,6 +209,7 @@ PYBIND11_MODULE(_C, m) {
     d["live_blocks"] = stats.live_blocks;
     d["reused"] = stats.reused;
     d["fresh"] = stats.fresh;
+    d["lent"] = stats.lent;
     return d;
   });
 

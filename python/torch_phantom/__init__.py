@@ -51,7 +51,8 @@ def _check_switches() -> None:
     malformed PHANTOM_ALLOC_CONF is."""
     import os
 
-    for name in ("PHANTOM_SYNC_GENERIC", "PHANTOM_OPS_REPORT", "PHANTOM_DEBUG_MEMO"):
+    for name in ("PHANTOM_SYNC_GENERIC", "PHANTOM_OPS_REPORT", "PHANTOM_DEBUG_MEMO",
+                 "PHANTOM_NO_LENDING"):
         value = os.environ.get(name)
         if value not in (None, "", "0", "1"):
             raise ValueError(

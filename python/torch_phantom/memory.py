@@ -102,5 +102,7 @@ def kernel_host_memory_stats() -> Dict[str, int]:
     a kernel's workspace comes from an accelerator's caching allocator.
     ``cached_bytes``/``cached_blocks``: free, kept for the next call (at most
     512 MiB; ``empty_cache()`` frees them); ``live_bytes``/``live_blocks``: in
-    use; ``reused``/``fresh``: allocations served from the cache or new."""
+    use; ``reused``/``fresh``: allocations served from the cache or new;
+    ``lent``: results a kernel computed straight into the device output the
+    host had allocated for them, so no copy followed."""
     return dict(_C._kernel_host_memory_stats())

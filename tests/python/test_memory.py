@@ -11,6 +11,8 @@ import gc
 import pytest
 import torch
 
+from conftest import run_python
+
 MiB = 1 << 20
 
 
@@ -185,3 +187,56 @@ def test_kernels_reuse_their_large_host_buffers_and_empty_cache_frees_them():
     settle()
     stats = torch.phantom.kernel_host_memory_stats()
     assert stats["cached_bytes"] == 0 and stats["cached_blocks"] == 0
+
+
+_LENDING_CASES = """
+import torch, torch_phantom
+import torch.nn.functional as F
+lent = lambda: torch.phantom.kernel_host_memory_stats()["lent"]
+gen = torch.Generator().manual_seed(0)
+table = torch.rand(20000, 64, generator=gen)
+indices = torch.randint(0, 20000, (16384,), generator=gen)
+offsets = torch.arange(0, 16384, 32)
+x = torch.rand(4, 32, 24, 24, generator=gen, requires_grad=True)
+w = torch.rand(32, 32, 3, 3, generator=gen, requires_grad=True)
+grad = torch.rand(4, 32, 24, 24, generator=gen)
+bag = F.embedding_bag(indices, table, offsets, mode="sum")
+y = F.conv2d(x, w, padding=1)
+y.backward(grad)
+xp = x.detach().to("phantom").requires_grad_()
+wp = w.detach().to("phantom").requires_grad_()
+counts = []
+start = lent()
+bag_p = F.embedding_bag(indices.to("phantom"), table.to("phantom"),
+                        offsets.to("phantom"), mode="sum")
+torch.phantom.synchronize(); counts.append(lent() - start)
+start = lent()
+y_p = F.conv2d(xp, wp, padding=1)
+counts.append(lent() - start)
+start = lent()
+y_p.backward(grad.to("phantom"))
+torch.phantom.synchronize(); counts.append(lent() - start)
+assert torch.equal(bag_p.cpu(), bag), "embedding_bag"
+assert torch.equal(y_p.cpu(), y), "conv2d"
+assert torch.equal(xp.grad.cpu(), x.grad), "conv2d input gradient"
+assert torch.equal(wp.grad.cpu(), w.grad), "conv2d weight gradient"
+print(counts)
+"""
+
+
+@pytest.mark.parametrize("lending", ["on", "off"])
+def test_large_results_are_computed_in_the_device_output(lending):
+    """An EmbeddingBag's 512 KiB-class result and a convolution's output and
+    gradients are computed straight into the device tensors the host
+    allocated for them (phantom/KernelHostMemory.h, "Lending"): the kernel's
+    allocation of that size is served from the output's memory, so no copy
+    follows. The results are the CPU's, bit for bit, either way;
+    PHANTOM_NO_LENDING=1 turns it off. In a fresh process, so the counts
+    are this test's alone."""
+    env = {"PHANTOM_NO_LENDING": "1"} if lending == "off" else {}
+    done = run_python(_LENDING_CASES, extra_env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    counts = done.stdout.strip().splitlines()[-1]
+    # embedding_bag: its output; conv2d: its output; backward: the input
+    # gradient (the weight's, 36 KiB, is below the 128 KiB lending floor).
+    assert counts == ("[1, 1, 1]" if lending == "on" else "[0, 0, 0]"), counts

@@ -470,6 +470,8 @@ CONFIG_CASES = [
      r"PHANTOM_OPS_REPORT='true' is not 0 or 1"),
     ("debug_memo_not_a_switch", {"PHANTOM_DEBUG_MEMO": "on"}, "import", "ValueError",
      r"PHANTOM_DEBUG_MEMO='on' is not 0 or 1"),
+    ("no_lending_not_a_switch", {"PHANTOM_NO_LENDING": "yes"}, "import", "ValueError",
+     r"PHANTOM_NO_LENDING='yes' is not 0 or 1"),
 ]
 
 _CONFIG_SCRIPT = """

@@ -348,6 +348,89 @@ TEST(KernelHostMemory, DeviceWorkReusesLargeHostBlocksAndTheHostDoesNot) {
   EXPECT_EQ(phantom::kernelHostMemoryStats().cached_blocks, 0u);
 }
 
+// Lending (KernelHostMemory.h): inside device work, memory offered by a
+// LendingScope serves the next CPU allocation of exactly its size, once,
+// so a kernel computes its result there; freeing that allocation (as a
+// tensor or a raw buffer) leaves the memory to its owner. Other sizes, a
+// second allocation, allocations after close() and on the host are the
+// CPU allocator's, and two offers of one size are both withdrawn (either
+// result could land in either block). Here the "device output" is a host
+// buffer the test owns: were the allocator to free it, the vector's own
+// free would fail.
+TEST(KernelHostMemory, LendingServesOneAllocationOfTheOfferedSize) {
+  const auto stream = phantom::getStreamFromPool(false, 0);
+  phantom::launchAndWait(stream, "warm up", [] {});  // installs the cache
+  const size_t size = phantom::kMinCachedBytes * 2;
+  const auto bytes = [](size_t n) { return static_cast<int64_t>(n); };
+  std::vector<char> output(size), small(1024), same_a(size * 3), same_b(size * 3);
+  const uint64_t lent_before = phantom::kernelHostMemoryStats().lent;
+  phantom::launchAndWait(stream, "kernel", [&] {
+    phantom::LendingScope lending;
+    EXPECT_TRUE(lending.offer(output.data(), size));
+    EXPECT_FALSE(lending.offer(small.data(), small.size())) << "below kMinCachedBytes";
+    EXPECT_TRUE(lending.offer(same_a.data(), same_a.size()));
+    EXPECT_FALSE(lending.offer(same_b.data(), same_b.size()));
+    at::Tensor of_withdrawn_size = at::empty({bytes(same_a.size())}, at::kByte);
+    EXPECT_NE(of_withdrawn_size.data_ptr(), static_cast<void*>(same_a.data()));
+    EXPECT_NE(of_withdrawn_size.data_ptr(), static_cast<void*>(same_b.data()));
+    at::Tensor result = at::empty({bytes(size / sizeof(float))}, at::kFloat);
+    EXPECT_EQ(result.data_ptr(), static_cast<void*>(output.data()));
+    result.fill_(2.0f);
+    at::Tensor second = at::empty({bytes(size / sizeof(float))}, at::kFloat);
+    EXPECT_NE(second.data_ptr(), static_cast<void*>(output.data())) << "lent once";
+    result.reset();
+    lending.close();
+    EXPECT_FALSE(lending.lentBlockStillAlive());
+  });
+  EXPECT_EQ(reinterpret_cast<const float*>(output.data())[0], 2.0f)
+      << "the kernel's result is in the lent memory";
+  EXPECT_EQ(phantom::kernelHostMemoryStats().lent - lent_before, 1u);
+
+  // oneDNN allocates through raw_allocate; raw_deallocate must not free.
+  phantom::launchAndWait(stream, "kernel", [&] {
+    phantom::LendingScope lending;
+    ASSERT_TRUE(lending.offer(output.data(), size));
+    c10::Allocator* cpu = c10::GetCPUAllocator();
+    void* raw = cpu->raw_allocate(size);
+    EXPECT_EQ(raw, static_cast<void*>(output.data()));
+    cpu->raw_deallocate(raw);
+    EXPECT_FALSE(lending.lentBlockStillAlive());
+  });
+
+  // Closed, nothing is lent; on the host, nothing is offered.
+  phantom::launchAndWait(stream, "kernel", [&] {
+    phantom::LendingScope lending;
+    ASSERT_TRUE(lending.offer(output.data(), size));
+    lending.close();
+    at::Tensor after = at::empty({bytes(size)}, at::kByte);
+    EXPECT_NE(after.data_ptr(), static_cast<void*>(output.data()));
+  });
+  phantom::LendingScope on_host;
+  EXPECT_FALSE(on_host.offer(output.data(), size));
+  EXPECT_EQ(phantom::kernelHostMemoryStats().lent - lent_before, 2u);
+}
+
+// A kernel that keeps a buffer past its return (a cache) in lent memory
+// would share the device output with it: the scope reports it, so the op
+// can fail instead of handing out that output.
+TEST(KernelHostMemory, LendingReportsABufferTheKernelKept) {
+  const auto stream = phantom::getStreamFromPool(false, 0);
+  const size_t size = phantom::kMinCachedBytes * 2;
+  std::vector<char> output(size);
+  at::Tensor kept;
+  bool reported = false;
+  phantom::launchAndWait(stream, "kernel", [&] {
+    phantom::LendingScope lending;
+    ASSERT_TRUE(lending.offer(output.data(), size));
+    kept = at::empty({static_cast<int64_t>(size)}, at::kByte);
+    ASSERT_EQ(kept.data_ptr(), static_cast<void*>(output.data()));
+    lending.close();
+    reported = lending.lentBlockStillAlive();
+  });
+  EXPECT_TRUE(reported);
+  kept.reset();  // forgets the block; the vector still owns it
+}
+
 TEST(Allocator, IsTheDeviceAllocatorAndAccountsEveryByte) {
   c10::DeviceAllocator* allocator =
       c10::getDeviceAllocator(c10::DeviceType::PrivateUse1);

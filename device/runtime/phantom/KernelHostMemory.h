@@ -17,7 +17,22 @@
 // allocator that was installed before, untouched. The cache keeps at most
 // kMaxCachedBytes of free blocks (a freed block beyond that goes back to
 // the OS) and torch.phantom.empty_cache() empties it.
+//
+// Lending (LendingScope, below). Work that knows where a result must end
+// up (the device output the host allocated ahead) would otherwise copy the
+// kernel's fresh CPU result into it: a second pass over memory, 25 MiB per
+// 32x64x56x56 convolution. Instead the work may offer the output's memory
+// (its kernel view, which the CPU kernel can write) for the kernel's next
+// allocation of exactly that size. If the result comes back there with the
+// output's strides, the copy is skipped. If a scratch buffer of the same
+// size took the memory instead, it is dead when the kernel returns and the
+// copy overwrites it, as without lending. The one hazard is a kernel that
+// keeps a buffer past its return (a cache): the scope reports a lent block
+// still alive when it ends, and the caller fails the op loudly.
+// PHANTOM_NO_LENDING=1 turns lending off.
 #pragma once
+
+#include <c10/util/SmallVector.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -36,6 +51,7 @@ struct KernelHostMemoryStats {
   size_t live_blocks = 0;
   uint64_t reused = 0;       // allocations served from the cache
   uint64_t fresh = 0;        // allocations that had to ask the OS
+  uint64_t lent = 0;         // allocations served from a device output
 };
 
 // Wraps the CPU allocator, once (the runtime calls it before it first
@@ -46,5 +62,39 @@ KernelHostMemoryStats kernelHostMemoryStats();
 
 // Frees every cached block (live blocks return to the OS when freed).
 void releaseKernelHostMemory();
+
+// Offers device memory to the CPU allocations of the calling thread (which
+// must be running device work) until close() or the end of the scope.
+// Scopes do not nest: a second one on the same thread refuses offers.
+class LendingScope {
+ public:
+  LendingScope();
+  ~LendingScope();
+  LendingScope(const LendingScope&) = delete;
+  LendingScope& operator=(const LendingScope&) = delete;
+
+  // Offers [data, data + nbytes) to the next allocation of exactly nbytes.
+  // Refused (returns false) below kMinCachedBytes, outside device work, in
+  // a nested scope, for a size already offered (two outputs of one size
+  // could each receive the other's result), or after close().
+  bool offer(void* data, size_t nbytes);
+
+  // Ends the offers: later allocations are the CPU allocator's again.
+  void close();
+
+  // After the kernel's results are dropped: whether a block this scope
+  // lent is still allocated, i.e. the kernel kept it.
+  bool lentBlockStillAlive() const;
+
+ private:
+  struct Offer {
+    void* data;
+    size_t nbytes;
+    bool taken;
+  };
+  friend void* takeLentBlock(size_t nbytes);
+  c10::SmallVector<Offer, 4> offers_;
+  bool active_ = false;
+};
 
 }  // namespace phantom
