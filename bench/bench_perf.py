@@ -4,16 +4,25 @@ steps and copies, in one process.
 Design. Every benchmark is a set of *cases*; a case is the same piece of
 work written twice, once on "phantom" and once on "cpu", with the same
 dtype (float32) and the same intra-op thread count (torch.get_num_threads()
-is printed and saved). Both versions are warmed up, then timed in R
+is printed and saved). Both versions are warmed up, then timed in
 interleaved rounds: each round times phantom then CPU (the order flips
 every round, so drift of a shared machine hits both alike). One sample
 runs the work `inner` times back to back; a phantom sample ends with
 torch.phantom.synchronize(), so queued work is paid for. `inner` is the
 number of calls with which one CPU sample, timed the same way, lasted at
-least --min-sample-ms (grown until it did).
+least --min-sample-ms (grown until it did). A case gets at least --reps
+rounds, and more (up to --max-reps) while it has been timed for less than
+--case-budget-s: cheap cases, whose samples spread most, get the most.
 The result of a case is the median per-call time of each device and the
 ratio phantom/CPU (lower is better; 1.0 = as fast as the CPU, which runs
 the very same kernels without a device in between).
+
+The large ops and the training steps also time a *control*: a second,
+independent CPU copy of the case (its own inputs, its own memory) in the
+same rounds. Its ratio to the first CPU copy would be 1.00 on a quiet
+machine; how far it is from 1.00 is the noise floor of that case in that
+run, printed and saved beside the phantom/CPU ratio. It is reported, not
+used to correct anything.
 
 A last part, "breakdown", times the layers of one small op on phantom
 (torch.add on 1,000 floats: CPU op, Meta kernel, allocation, idle sync,
@@ -38,6 +47,7 @@ built in: PYTHONPATH=<build>/python, or the package installed.
 
 import argparse
 import datetime
+import itertools
 import json
 import os
 import pathlib
@@ -101,17 +111,25 @@ def generic_path_calls(run):
 # --- timing -------------------------------------------------------------------
 
 
-def time_case(make, reps, min_sample_s, inner=None):
+CONTROL = "cpu (control)"  # a second copy of the CPU case
+
+
+def time_case(make, args, inner=None, control=False):
     """Times one case on both devices, interleaved.
 
     `make(device)` builds the inputs and returns a zero-argument callable
-    that does one unit of work on `device` (queued, for phantom). Returns
-    (median seconds per call for phantom, for cpu, inner, samples)."""
-    runs = {d: make(d) for d in (PHANTOM, "cpu")}
+    that does one unit of work on `device` (queued, for phantom). With
+    `control`, a second, independent CPU copy of the case is timed in the
+    same rounds: the CPU against itself, the run's noise floor for this
+    case. Returns ({arm: [seconds per call, one per round]}, inner)."""
+    arms = [PHANTOM, "cpu"] + ([CONTROL] if control else [])
+    device_of = {PHANTOM: PHANTOM, "cpu": "cpu", CONTROL: "cpu"}
+    runs = {arm: make(device_of[arm]) for arm in arms}
+    min_sample_s = args.min_sample_ms / 1e3
 
-    def sample(device, k):
-        run = runs[device]
-        sync(device)
+    def sample(arm, k):
+        run = runs[arm]
+        sync(device_of[arm])
         # Let the other device's OpenMP threads finish spinning at their
         # barrier (OpenMP's default wait policy spins for a while) so they
         # do not steal a core from this sample.
@@ -119,12 +137,12 @@ def time_case(make, reps, min_sample_s, inner=None):
         start = time.perf_counter()
         for _ in range(k):
             run()
-        sync(device)
+        sync(device_of[arm])
         return (time.perf_counter() - start) / k
 
     # Warm-up: first touch of memory, allocator caches, Meta-kernel caches.
-    sample(PHANTOM, 1)
-    sample("cpu", 1)
+    for arm in arms:
+        sample(arm, 1)
     if inner is None:
         # Size a sample from the CPU (the same rule for both devices): grow
         # the number of calls until one sample of them, timed exactly as
@@ -140,18 +158,28 @@ def time_case(make, reps, min_sample_s, inner=None):
                 break
             inner = max(2 * inner, int(1.2 * min_sample_s / max(per_call, 1e-9)))
     sample(PHANTOM, 1)
-    samples = {PHANTOM: [], "cpu": []}
-    for r in range(reps):
-        order = (PHANTOM, "cpu") if r % 2 == 0 else ("cpu", PHANTOM)
-        for device in order:
-            samples[device].append(sample(device, inner))
+    # Rounds: at least args.reps; more, up to args.max_reps, while the case
+    # has been timed for less than args.case_budget_s. Each round runs every
+    # arm once, in an order that cycles through all orders, so each arm
+    # follows each other arm equally often and drift hits all alike.
+    orders = list(itertools.permutations(arms))
+    samples = {arm: [] for arm in arms}
+    started = time.perf_counter()
+    r = 0
+    while r < args.reps or (r < args.max_reps and
+                            time.perf_counter() - started < args.case_budget_s):
+        for arm in orders[r % len(orders)]:
+            samples[arm].append(sample(arm, inner))
+        r += 1
     del runs
-    return (statistics.median(samples[PHANTOM]),
-            statistics.median(samples["cpu"]), inner, samples)
+    return samples, inner
 
 
-def record(results, bench, name, make, args, size=None, inner=None, extra=None):
-    p, c, inner, samples = time_case(make, args.reps, args.min_sample_ms / 1e3, inner)
+def record(results, bench, name, make, args, size=None, inner=None, extra=None,
+           control=False):
+    samples, inner = time_case(make, args, inner, control)
+    p = statistics.median(samples[PHANTOM])
+    c = statistics.median(samples["cpu"])
     row = {
         "benchmark": bench,
         "case": name,
@@ -160,14 +188,22 @@ def record(results, bench, name, make, args, size=None, inner=None, extra=None):
         "cpu_s": c,
         "ratio": p / c,
         "inner": inner,
+        "rounds": len(samples["cpu"]),
         "samples_phantom_s": samples[PHANTOM],
         "samples_cpu_s": samples["cpu"],
     }
+    if control:
+        row["cpu_control_s"] = statistics.median(samples[CONTROL])
+        row["control_ratio"] = row["cpu_control_s"] / c
+        row["samples_cpu_control_s"] = samples[CONTROL]
     if extra:
         row.update(extra)
     results.append(row)
-    print(f"  {name:<34} {fmt_time(p):>10} {fmt_time(c):>10} {p / c:7.2f}",
-          flush=True)
+    print(f"  {name:<34} {fmt_time(p):>10} {fmt_time(c):>10} {p / c:7.2f}"
+          f"  ({row['rounds']} rounds)", flush=True)
+    if control:
+        print(f"    noise floor: a second CPU copy of the case / the first: "
+              f"{row['control_ratio']:.2f}", flush=True)
     return row
 
 
@@ -278,7 +314,8 @@ def bench_large_ops(args, results):
         a = torch.rand(side, side, device=device)
         b = torch.rand(side, side, device=device)
         return lambda: torch.mm(a, b)
-    record(results, "large_ops", f"matmul {side}x{side}", make_mm, args)
+    record(results, "large_ops", f"matmul {side}x{side}", make_mm, args,
+           control=True)
 
     batch, hw = (4, 28) if args.quick else (32, 56)
 
@@ -288,7 +325,7 @@ def bench_large_ops(args, results):
         bias = torch.rand(64, device=device)
         return lambda: F.conv2d(x, w, bias, padding=1)
     record(results, "large_ops", f"conv2d {batch}x64x{hw}x{hw}, 3x3", make_conv,
-           args)
+           args, control=True)
 
     rows = 100_000 if args.quick else 1_000_000
     bags, per_bag, dim = 2048, 32, 64
@@ -300,7 +337,8 @@ def bench_large_ops(args, results):
         offsets = torch.arange(0, bags * per_bag, per_bag).to(device)
         return lambda: F.embedding_bag(indices, table, offsets, mode="sum")
     record(results, "large_ops",
-           f"embedding_bag {rows:.0e} rows, {bags} bags", make_bag, args)
+           f"embedding_bag {rows:.0e} rows, {bags} bags", make_bag, args,
+           control=True)
 
 
 # --- 4. training steps --------------------------------------------------------
@@ -379,7 +417,7 @@ def bench_training(args, results):
         def make(device, spec=spec):
             return training_step(spec, device)
         calls = generic_path_calls(make(PHANTOM))
-        row = record(results, "training", name, make, args,
+        row = record(results, "training", name, make, args, control=True,
                      extra={"model": name, "generic_calls": calls})
         alone = cpu_alone_step_s(name, max(1, row["inner"]))
         row["cpu_alone_s"] = alone
@@ -612,8 +650,13 @@ def main(argv=None):
                         help="small sizes and few rounds (< 1 min), for a smoke test")
     parser.add_argument("--only", nargs="+", choices=BENCHMARKS, metavar="NAME",
                         help=f"run only these benchmarks ({', '.join(BENCHMARKS)})")
-    parser.add_argument("--reps", type=int, help="interleaved rounds per case "
-                        "(default 5, 3 with --quick)")
+    parser.add_argument("--reps", type=int, help="interleaved rounds per case, at "
+                        "least (default 5, 3 with --quick)")
+    parser.add_argument("--case-budget-s", type=float, help="add rounds, up to "
+                        "--max-reps, while a case has been timed for less than this "
+                        "(default 2, 0 with --quick)")
+    parser.add_argument("--max-reps", type=int, default=25,
+                        help="most rounds per case (default 25)")
     parser.add_argument("--min-sample-ms", type=float,
                         help="minimum duration of one sample (default 20, 5 with --quick)")
     parser.add_argument("--out", help="write the results as JSON here")
@@ -627,8 +670,12 @@ def main(argv=None):
         args.reps = 3 if args.quick else 5
     if args.min_sample_ms is None:
         args.min_sample_ms = 5.0 if args.quick else 20.0
+    if args.case_budget_s is None:
+        args.case_budget_s = 0.0 if args.quick else 2.0
     if args.reps < 1:
         parser.error("--reps must be at least 1")
+    if args.max_reps < args.reps:
+        parser.error("--max-reps must be at least --reps")
     if not torch.phantom.is_available():
         sys.exit("phantom is not available: check PHANTOM_DEVICE_COUNT and "
                  "PHANTOM_DEVICE_MEMORY (see docs/architecture.md, Settings)")
@@ -637,7 +684,9 @@ def main(argv=None):
     print(f"{info['cpu_model']}, {info['cpu_count']} cores, torch {info['torch']} "
           f"({info['torch_threads']} threads), phantom {info['phantom_commit'][:12]}, "
           f"load {info['load_average_at_start'][0]:.2f}")
-    print(f"medians of {args.reps} interleaved rounds; ratio = phantom / cpu time")
+    print(f"medians of {args.reps}-{args.max_reps} interleaved rounds per case (more "
+          f"while a case has taken under {args.case_budget_s:g} s); "
+          f"ratio = phantom / cpu time")
     started = time.perf_counter()
     results = []
     for name in args.only or BENCHMARKS:
@@ -659,6 +708,8 @@ def main(argv=None):
             "units": "seconds per call (median); ratio = phantom/cpu time, "
                      "for copies phantom/memcpy bandwidth",
             "reps": args.reps,
+            "max_reps": args.max_reps,
+            "case_budget_s": args.case_budget_s,
             "quick": args.quick,
             "machine": info,
             "targets": {k: f"{op} {b}" for k, (op, b) in TARGETS.items()},

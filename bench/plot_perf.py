@@ -88,6 +88,16 @@ def fmt(seconds):
     return f"{seconds * 1e9:.3g} ns"
 
 
+def rounds_text(data):
+    """How many rounds each case got: a fixed count in results taken before
+    the rounds grew with a time budget, else the range actually used."""
+    counts = [r["rounds"] for r in data["results"] if "rounds" in r]
+    if not counts:
+        return str(data["reps"])
+    low, high = min(counts), max(counts)
+    return str(low) if low == high else f"{low}-{high}"
+
+
 def markdown(data):
     """The results as markdown tables, one per benchmark."""
     m = data["machine"]
@@ -95,23 +105,29 @@ def markdown(data):
           f"{m['torch_threads']} threads), phantom commit `{m['phantom_commit'][:12]}`, "
           f"{m['date']}, load average {m['load_average_at_start'][0]:.1f} at start and "
           f"{m['load_average_at_end'][0]:.1f} at end, env {m.get('env', {})}, "
-          f"medians of {data['reps']} interleaved rounds.\n")
+          f"medians of {rounds_text(data)} interleaved rounds per case.\n")
     rows = data["results"]
     for bench in ("small_ops", "scaling", "large_ops", "training"):
         part = [r for r in rows if r["benchmark"] == bench]
         if not part:
             continue
         alone = bench == "training" and any(r.get("cpu_alone_s") for r in part)
+        control = any("control_ratio" in r for r in part)
         print(f"| {bench} | phantom | CPU | phantom/CPU | target |"
+              + (" noise floor (CPU copy 2 / copy 1) |" if control else "")
               + (" CPU alone (own process, OpenMP default) | phantom/that |" if alone else ""))
-        print("|---|---:|---:|---:|---|" + ("---:|---:|" if alone else ""))
+        print("|---|---:|---:|---:|---|" + ("---:|" if control else "")
+              + ("---:|---:|" if alone else ""))
         for r in part:
             target = r.get("target") or "(not judged)"
             met = "" if "met" not in r else (" met" if r["met"] else " **not met**")
             extra = ""
+            if control:
+                extra += (f" {r['control_ratio']:.2f} |" if "control_ratio" in r
+                          else " |")
             if alone:
                 a = r.get("cpu_alone_s")
-                extra = (f" {fmt(a)} | {r['phantom_s'] / a:.2f} |" if a else " ? | ? |")
+                extra += (f" {fmt(a)} | {r['phantom_s'] / a:.2f} |" if a else " ? | ? |")
             print(f"| {r['case']} | {fmt(r['phantom_s'])} | {fmt(r['cpu_s'])} | "
                   f"{r['ratio']:.2f} | {target}{met} |" + extra)
         print()
