@@ -152,6 +152,10 @@ TEST(Events, WaitOrdersWorkAcrossStreams) {
   const auto producer = phantom::getStreamFromPool(false, 0);
   const auto consumer = phantom::getStreamFromPool(false, 0);
   at::Tensor x = at::zeros({16}, at::device(kPhantom0));
+  // The zero fill is queued on the default stream, which nothing below
+  // orders against the producer: without this wait it could run after the
+  // producer's fill_ (it did, about once in 20 runs under ASan).
+  phantom::getCurrentPhantomStream(0).synchronize();
   at::Tensor y;
   {
     c10::StreamGuard guard(producer.unwrap());
