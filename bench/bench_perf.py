@@ -22,7 +22,9 @@ independent CPU copy of the case (its own inputs, its own memory) in the
 same rounds. Its ratio to the first CPU copy would be 1.00 on a quiet
 machine; how far it is from 1.00 is the noise floor of that case in that
 run, printed and saved beside the phantom/CPU ratio. It is reported, not
-used to correct anything.
+used to correct anything. So is the share of CPU time the hypervisor
+stole (/proc/stat) during each case and the whole run: on a virtual
+machine, the one cause of slow samples that is outside both devices.
 
 A last part, "breakdown", times the layers of one small op on phantom
 (torch.add on 1,000 floats: CPU op, Meta kernel, allocation, idle sync,
@@ -175,9 +177,32 @@ def time_case(make, args, inner=None, control=False):
     return samples, inner
 
 
+def cpu_ticks():
+    """(steal, total) clock ticks of all CPUs so far, from /proc/stat, or
+    None where there is none. Steal is time the hypervisor ran something
+    else while this virtual machine had work: the samples taken then are
+    slow for a reason outside both devices."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    if len(fields) < 8:
+        return None
+    return fields[7], sum(fields[:8])
+
+
+def steal_fraction(before, after):
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    return (after[0] - before[0]) / (after[1] - before[1])
+
+
 def record(results, bench, name, make, args, size=None, inner=None, extra=None,
            control=False):
+    ticks = cpu_ticks()
     samples, inner = time_case(make, args, inner, control)
+    steal = steal_fraction(ticks, cpu_ticks())
     p = statistics.median(samples[PHANTOM])
     c = statistics.median(samples["cpu"])
     row = {
@@ -189,6 +214,7 @@ def record(results, bench, name, make, args, size=None, inner=None, extra=None,
         "ratio": p / c,
         "inner": inner,
         "rounds": len(samples["cpu"]),
+        "steal_fraction": steal,
         "samples_phantom_s": samples[PHANTOM],
         "samples_cpu_s": samples["cpu"],
     }
@@ -199,8 +225,9 @@ def record(results, bench, name, make, args, size=None, inner=None, extra=None,
     if extra:
         row.update(extra)
     results.append(row)
+    stolen = f", {steal:.0%} of CPU time stolen" if steal and steal >= 0.01 else ""
     print(f"  {name:<34} {fmt_time(p):>10} {fmt_time(c):>10} {p / c:7.2f}"
-          f"  ({row['rounds']} rounds)", flush=True)
+          f"  ({row['rounds']} rounds{stolen})", flush=True)
     if control:
         print(f"    noise floor: a second CPU copy of the case / the first: "
               f"{row['control_ratio']:.2f}", flush=True)
@@ -688,19 +715,23 @@ def main(argv=None):
           f"while a case has taken under {args.case_budget_s:g} s); "
           f"ratio = phantom / cpu time")
     started = time.perf_counter()
+    ticks = cpu_ticks()
     results = []
     for name in args.only or BENCHMARKS:
         RUNNERS[name](args, results)
     summary = judge(results)
     info["load_average_at_end"] = os.getloadavg()
+    info["steal_fraction"] = steal_fraction(ticks, cpu_ticks())
     info["seconds"] = time.perf_counter() - started
 
     print("\n== targets (median ratio of the judged cases)")
     for bench, entry in summary.items():
         print(f"  {bench:<10} target {entry['target']:<7} median {entry['median_ratio']:6.2f}"
               f"  met in {entry['met']}/{entry['total']} cases")
+    steal = info["steal_fraction"]
     print(f"took {info['seconds']:.0f} s; load average at end "
-          f"{info['load_average_at_end'][0]:.2f}")
+          f"{info['load_average_at_end'][0]:.2f}"
+          + (f"; the hypervisor stole {steal:.0%} of the CPU time" if steal is not None else ""))
 
     if args.out:
         report = {

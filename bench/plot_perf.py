@@ -105,7 +105,9 @@ def markdown(data):
           f"{m['torch_threads']} threads), phantom commit `{m['phantom_commit'][:12]}`, "
           f"{m['date']}, load average {m['load_average_at_start'][0]:.1f} at start and "
           f"{m['load_average_at_end'][0]:.1f} at end, env {m.get('env', {})}, "
-          f"medians of {rounds_text(data)} interleaved rounds per case.\n")
+          f"medians of {rounds_text(data)} interleaved rounds per case"
+          + (f", {m['steal_fraction']:.0%} of the CPU time stolen by the hypervisor"
+             if m.get("steal_fraction") is not None else "") + ".\n")
     rows = data["results"]
     for bench in ("small_ops", "scaling", "large_ops", "training"):
         part = [r for r in rows if r["benchmark"] == bench]
