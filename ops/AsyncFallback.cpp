@@ -477,11 +477,7 @@ void queueCpuKernel(const c10::OperatorHandle& op,
     }
     copyResultsIntoOutputs(outs, fresh, cpu_results);
     cpu_results.clear();
-    TORCH_CHECK(!lending.lentBlockStillAlive(), op.schema().name(),
-                "'s CPU kernel kept a buffer past its return in device memory "
-                "phantom had lent it for a result (KernelHostMemory.h): the "
-                "op's outputs are not safe to use. Set PHANTOM_NO_LENDING=1 to "
-                "work around it, and report it");
+    lending.requireNothingKept(op.schema().name().c_str());
   };
   if (generator != nullptr) {
     generator->queueDraw(stream, [&] {

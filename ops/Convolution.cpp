@@ -18,6 +18,7 @@
 #include <ATen/ops/convolution_backward.h>
 #include <ATen/ops/empty.h>
 #include <c10/core/DeviceGuard.h>
+#include <c10/util/accumulate.h>
 #include <torch/library.h>
 
 #include <optional>
@@ -35,9 +36,13 @@ void checkSameDevice(const char* op, const at::Tensor& a, const at::Tensor& b) {
 }
 
 // A new contiguous device tensor whose memory is offered to the kernel's
-// allocation of its size.
+// allocation of its size; undefined (nothing allocated) when the scope
+// could not lend that size.
 at::Tensor lentOutput(LendingScope& lending, KernelAliases& aliases,
                       c10::IntArrayRef sizes, const at::TensorOptions& options) {
+  if (!lending.accepts(c10::multiply_integers(sizes) * options.dtype().itemsize())) {
+    return at::Tensor();
+  }
   at::Tensor ahead = at::empty(sizes, options);
   const at::Tensor view = aliases.alias(ahead);
   lending.offer(view.data_ptr(), view.nbytes());
@@ -57,14 +62,6 @@ at::Tensor deviceResult(const at::Tensor& cpu, const at::Tensor& ahead,
     }
   }
   return newDeviceTensorFrom(cpu, device);
-}
-
-void checkNothingKept(const LendingScope& lending, const char* op) {
-  TORCH_CHECK(!lending.lentBlockStillAlive(), op,
-              "'s CPU kernel kept a buffer past its return in device memory "
-              "phantom had lent it for a result (KernelHostMemory.h): the "
-              "op's outputs are not safe to use. Set PHANTOM_NO_LENDING=1 to "
-              "work around it, and report it");
 }
 
 // The output sizes of a convolution, if they follow from the arguments as
@@ -122,7 +119,7 @@ at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight,
                   lending.close();
                   output = deviceResult(result, ahead, aliases, input.device());
                   result.reset();
-                  checkNothingKept(lending, "aten::convolution");
+                  lending.requireNothingKept("aten::convolution");
                 });
   return output;
 }
@@ -164,7 +161,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolutionBackward(
         gi.reset();
         gw.reset();
         gb.reset();
-        checkNothingKept(lending, "aten::convolution_backward");
+        lending.requireNothingKept("aten::convolution_backward");
       });
   return {grad_input, grad_weight, grad_bias};
 }

@@ -4,6 +4,7 @@
 
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/alloc_cpu.h>
+#include <c10/util/Exception.h>
 
 #include <pthread.h>
 
@@ -231,8 +232,12 @@ LendingScope::LendingScope() {
 
 LendingScope::~LendingScope() { close(); }
 
+bool LendingScope::accepts(size_t nbytes) const {
+  return active_ && nbytes >= kMinCachedBytes;
+}
+
 bool LendingScope::offer(void* data, size_t nbytes) {
-  if (!active_ || data == nullptr || nbytes < kMinCachedBytes) return false;
+  if (data == nullptr || !accepts(nbytes)) return false;
   for (Offer& offer : offers_) {
     if (offer.nbytes == nbytes) {
       // Two blocks of one size: the kernel could put either result in
@@ -251,6 +256,14 @@ void LendingScope::close() {
     open_scope = nullptr;
     active_ = false;
   }
+}
+
+void LendingScope::requireNothingKept(const char* op) const {
+  TORCH_CHECK(!lentBlockStillAlive(), op,
+              "'s CPU kernel kept a buffer past its return in device memory "
+              "phantom had lent it for a result (KernelHostMemory.h): the "
+              "op's outputs are not safe to use. Set PHANTOM_NO_LENDING=1 to "
+              "work around it, and report it");
 }
 
 bool LendingScope::lentBlockStillAlive() const {

@@ -22,6 +22,7 @@
 #include <chrono>
 #include <mutex>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -370,6 +371,8 @@ TEST(KernelHostMemory, LendingServesOneAllocationOfTheOfferedSize) {
   const uint64_t lent_before = phantom::kernelHostMemoryStats().lent;
   phantom::launchAndWait(stream, "kernel", [&] {
     phantom::LendingScope lending;
+    EXPECT_TRUE(lending.accepts(size));
+    EXPECT_FALSE(lending.accepts(small.size()));
     EXPECT_TRUE(lending.offer(output.data(), size));
     EXPECT_FALSE(lending.offer(small.data(), small.size())) << "below kMinCachedBytes";
     EXPECT_TRUE(lending.offer(same_a.data(), same_a.size()));
@@ -410,6 +413,7 @@ TEST(KernelHostMemory, LendingServesOneAllocationOfTheOfferedSize) {
     EXPECT_NE(after.data_ptr(), static_cast<void*>(output.data()));
   });
   phantom::LendingScope on_host;
+  EXPECT_FALSE(on_host.accepts(size));
   EXPECT_FALSE(on_host.offer(output.data(), size));
   EXPECT_EQ(phantom::kernelHostMemoryStats().lent - lent_before, 2u);
 }
@@ -423,6 +427,7 @@ TEST(KernelHostMemory, LendingReportsABufferTheKernelKept) {
   std::vector<char> output(size);
   at::Tensor kept;
   bool reported = false;
+  std::string message;
   phantom::launchAndWait(stream, "kernel", [&] {
     phantom::LendingScope lending;
     ASSERT_TRUE(lending.offer(output.data(), size));
@@ -430,9 +435,26 @@ TEST(KernelHostMemory, LendingReportsABufferTheKernelKept) {
     ASSERT_EQ(kept.data_ptr(), static_cast<void*>(output.data()));
     lending.close();
     reported = lending.lentBlockStillAlive();
+    try {
+      lending.requireNothingKept("aten::kept_op");
+    } catch (const c10::Error& error) {
+      message = error.what_without_backtrace();
+    }
   });
   EXPECT_TRUE(reported);
+  EXPECT_NE(message.find("aten::kept_op's CPU kernel kept a buffer"), std::string::npos)
+      << message;
+  EXPECT_NE(message.find("PHANTOM_NO_LENDING=1"), std::string::npos) << message;
   kept.reset();  // forgets the block; the vector still owns it
+  // Freed, nothing is kept any more.
+  phantom::launchAndWait(stream, "kernel", [&] {
+    phantom::LendingScope lending;
+    ASSERT_TRUE(lending.offer(output.data(), size));
+    at::Tensor result = at::empty({static_cast<int64_t>(size)}, at::kByte);
+    result.reset();
+    lending.close();
+    EXPECT_NO_THROW(lending.requireNothingKept("aten::tidy_op"));
+  });
 }
 
 TEST(Allocator, IsTheDeviceAllocatorAndAccountsEveryByte) {

@@ -79,12 +79,21 @@ class LendingScope {
   // could each receive the other's result), or after close().
   bool offer(void* data, size_t nbytes);
 
+  // Whether an offer of `nbytes` could be taken (before any is made): the
+  // scope is open and the size is large enough. Lets a caller skip
+  // allocating an output ahead that could not be lent.
+  bool accepts(size_t nbytes) const;
+
   // Ends the offers: later allocations are the CPU allocator's again.
   void close();
 
   // After the kernel's results are dropped: whether a block this scope
   // lent is still allocated, i.e. the kernel kept it.
   bool lentBlockStillAlive() const;
+
+  // Throws (naming `op`) if lentBlockStillAlive(): the op's outputs share
+  // memory with a buffer the kernel kept, and must not be handed out.
+  void requireNothingKept(const char* op) const;
 
  private:
   struct Offer {
