@@ -369,9 +369,6 @@ void copyResultsIntoOutputs(
     const c10::SmallVector<at::Tensor, 4>& outs,
     const std::vector<std::pair<size_t, DeviceTensorRef>>& fresh,
     std::vector<at::Tensor>& cpu_results) {
-  const auto inPlace = [](const at::Tensor& cpu, const at::Tensor& out) {
-    return cpu.data_ptr() == out.data_ptr() && cpu.strides() == out.strides();
-  };
   const auto insideAnOutput = [&](const at::Tensor& cpu) {
     const char* begin = static_cast<const char*>(cpu.storage().data());
     const char* end = begin + cpu.storage().nbytes();
@@ -383,13 +380,13 @@ void copyResultsIntoOutputs(
   };
   for (size_t i = 0; i < fresh.size(); ++i) {
     at::Tensor& cpu = cpu_results[fresh[i].first];
-    if (!inPlace(cpu, outs[i]) && insideAnOutput(cpu)) {
+    if (!computedIn(cpu, outs[i]) && insideAnOutput(cpu)) {
       cpu = cpu.clone();
     }
   }
   for (size_t i = 0; i < fresh.size(); ++i) {
     const at::Tensor& cpu = cpu_results[fresh[i].first];
-    if (!inPlace(cpu, outs[i])) {
+    if (!computedIn(cpu, outs[i])) {
       outs[i].copy_(cpu);
     }
   }

@@ -14,6 +14,7 @@
 #include <phantom/ops/KernelAliases.h>
 
 #include <ATen/core/Tensor.h>
+#include <ATen/native/ConvUtils.h>
 #include <ATen/ops/convolution.h>
 #include <ATen/ops/convolution_backward.h>
 #include <ATen/ops/empty.h>
@@ -21,6 +22,7 @@
 #include <c10/util/accumulate.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <optional>
 #include <vector>
 
@@ -54,18 +56,15 @@ at::Tensor lentOutput(LendingScope& lending, KernelAliases& aliases,
 // memory is written here, so results can be taken in any order.
 at::Tensor deviceResult(const at::Tensor& cpu, const at::Tensor& ahead,
                         KernelAliases& aliases, c10::Device device) {
-  if (cpu.defined() && ahead.defined()) {
-    const at::Tensor view = aliases.alias(ahead);
-    if (cpu.data_ptr() == view.data_ptr() && cpu.sizes() == view.sizes() &&
-        cpu.strides() == view.strides() && cpu.dtype() == view.dtype()) {
-      return ahead;
-    }
+  if (cpu.defined() && ahead.defined() && computedIn(cpu, aliases.alias(ahead))) {
+    return ahead;
   }
   return newDeviceTensorFrom(cpu, device);
 }
 
 // The output sizes of a convolution, if they follow from the arguments as
-// given (not transposed, one stride/padding/dilation per spatial dim).
+// given (not transposed, one stride/padding/dilation per spatial dim) and
+// are all positive (otherwise the CPU kernel reports the bad arguments).
 std::optional<std::vector<int64_t>> convolutionOutputSizes(
     const at::Tensor& input, const at::Tensor& weight, c10::IntArrayRef stride,
     c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed) {
@@ -73,16 +72,14 @@ std::optional<std::vector<int64_t>> convolutionOutputSizes(
   if (transposed || dims < 1 || weight.dim() != input.dim() ||
       static_cast<int64_t>(stride.size()) != dims ||
       static_cast<int64_t>(padding.size()) != dims ||
-      static_cast<int64_t>(dilation.size()) != dims) {
+      static_cast<int64_t>(dilation.size()) != dims ||
+      std::any_of(stride.begin(), stride.end(), [](int64_t s) { return s < 1; })) {
     return std::nullopt;
   }
-  std::vector<int64_t> sizes{input.size(0), weight.size(0)};
-  for (int64_t d = 0; d < dims; ++d) {
-    if (stride[d] < 1) return std::nullopt;
-    const int64_t span = dilation[d] * (weight.size(d + 2) - 1) + 1;
-    const int64_t size = (input.size(d + 2) + 2 * padding[d] - span) / stride[d] + 1;
-    if (size < 1) return std::nullopt;
-    sizes.push_back(size);
+  std::vector<int64_t> sizes = at::native::conv_output_size(
+      input.sizes(), weight.sizes(), padding, stride, dilation);
+  if (std::any_of(sizes.begin(), sizes.end(), [](int64_t n) { return n < 1; })) {
+    return std::nullopt;
   }
   return sizes;
 }

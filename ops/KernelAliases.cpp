@@ -191,6 +191,11 @@ at::Tensor phantomViewLike(const c10::Storage& storage, const at::Tensor& cpu) {
   return view;
 }
 
+bool computedIn(const at::Tensor& cpu, const at::Tensor& out) {
+  return cpu.data_ptr() == out.data_ptr() && cpu.sizes() == out.sizes() &&
+         cpu.strides() == out.strides() && cpu.dtype() == out.dtype();
+}
+
 at::Tensor newDeviceTensorFrom(const at::Tensor& cpu, c10::Device device) {
   if (!cpu.defined()) {
     return cpu;

@@ -96,6 +96,12 @@ class KernelAliases {
   std::unordered_map<const c10::StorageImpl*, const Entry*> by_cpu_;
 };
 
+// Whether the CPU result `cpu` already is `out` (an alias of a device
+// output): same address, sizes, strides and dtype. A kernel lent the
+// output's memory (phantom/KernelHostMemory.h) computes its result there,
+// and then nothing needs copying.
+bool computedIn(const at::Tensor& cpu, const at::Tensor& out);
+
 // A phantom tensor that views `storage` with `cpu`'s dtype and geometry.
 at::Tensor phantomViewLike(const c10::Storage& storage, const at::Tensor& cpu);
 
