@@ -21,6 +21,7 @@ from . import _C  # noqa: F401  (loads libphantom: registers the backend)
 from . import device_module as _device_module
 from . import memory as _memory
 from . import faults  # noqa: F401  (also torch.phantom.faults)
+from . import _exit  # noqa: F401  (releases autograd's graph tasks at exit)
 
 __all__ = ["BACKEND_NAME", "faults", "ops_report", "reset_ops_report"]
 __version__ = "0.1.0"

@@ -123,3 +123,62 @@ def test_autograd_grad_functional():
     (g_cpu,) = torch.autograd.grad((x_cpu**3).sum(), x_cpu)
     (g,) = torch.autograd.grad((x**3).sum(), x)
     torch.testing.assert_close(g.cpu(), g_cpu, **TIGHT)
+
+
+# A script that exits right after backward(), with autograd's device thread
+# made unable to run until the main thread blocks: one CPU for the process,
+# SCHED_IDLE for the device thread. A marker object lives only in the
+# contextvars copy that torch's backward() stashes in its graph task, so it
+# dies when the device thread releases that task. An atexit check that runs
+# after torch_phantom's own hook (registered before torch, and atexit runs
+# hooks last-in first-out) reports whether it is still alive. Without the
+# hook the device thread would release it during finalization, which is
+# the race that aborts the process (docs/reliability.md).
+_EXIT_AFTER_BACKWARD = r"""
+import atexit, contextvars, os, sys, weakref
+marker_ref = None
+def check():
+    os.write(1, b"marker alive\n" if marker_ref() is not None else b"marker released\n")
+atexit.register(check)
+import torch, torch_phantom
+if sys.argv[1] == "without-hook":
+    atexit.unregister(torch_phantom._exit.release_autograd_graph_tasks)
+os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+x = torch.rand(8, device="phantom", requires_grad=True)
+(x * 2).sum().backward()  # starts autograd's device threads
+for tid in os.listdir("/proc/self/task"):
+    with open(f"/proc/self/task/{tid}/comm") as f:
+        if f.read().startswith("pt_autograd"):
+            os.sched_setscheduler(int(tid), os.SCHED_IDLE, os.sched_param(0))
+class Marker:
+    pass
+var = contextvars.ContextVar("v")
+marker = Marker()
+token = var.set(marker)
+(x * 3).sum().backward()
+var.reset(token)
+marker_ref = weakref.ref(marker)
+del marker
+"""
+
+
+def _exit_after_backward(mode):
+    import subprocess
+    import sys
+    return subprocess.run([sys.executable, "-c", _EXIT_AFTER_BACKWARD, mode],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_exit_right_after_backward_releases_the_graph_task_first():
+    # The set-up holds the graph task on the device thread past the script's
+    # end: without the hook, the marker is still alive when atexit runs.
+    control = _exit_after_backward("without-hook")
+    assert "marker alive" in control.stdout, (control.stdout, control.stderr)
+    # With it, the hook has made the device thread release it, and the
+    # process exits cleanly (no "terminate called without an active
+    # exception").
+    for _ in range(3):
+        run = _exit_after_backward("with-hook")
+        assert "marker released" in run.stdout, (run.stdout, run.stderr)
+        assert run.returncode == 0, run.stderr
+        assert "terminate called" not in run.stderr
