@@ -1,6 +1,7 @@
 // Two-channel copies; see copy_channels.h.
 #include "copy_channels.h"
 
+#include <pthread.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -74,6 +75,7 @@ class SecondChannel {
   }
 
   void Serve() {
+    pthread_setname_np(pthread_self(), "ph-copy");
     uint64_t served = 0;
     for (;;) {
       SpinUntil([&] {
