@@ -386,7 +386,9 @@ void copyResultsIntoOutputs(
   }
   for (size_t i = 0; i < fresh.size(); ++i) {
     const at::Tensor& cpu = cpu_results[fresh[i].first];
-    if (!computedIn(cpu, outs[i])) {
+    if (computedIn(cpu, outs[i])) {
+      if (cpu.nbytes() > 0) noteResultInPlace();  // not an empty result
+    } else {
       outs[i].copy_(cpu);
     }
   }

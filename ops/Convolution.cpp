@@ -57,6 +57,7 @@ at::Tensor lentOutput(LendingScope& lending, KernelAliases& aliases,
 at::Tensor deviceResult(const at::Tensor& cpu, const at::Tensor& ahead,
                         KernelAliases& aliases, c10::Device device) {
   if (cpu.defined() && ahead.defined() && computedIn(cpu, aliases.alias(ahead))) {
+    noteResultInPlace();
     return ahead;
   }
   return newDeviceTensorFrom(cpu, device);

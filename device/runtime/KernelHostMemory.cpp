@@ -41,9 +41,6 @@ class KernelHostAllocator final : public c10::Allocator {
       return previous_->allocate(n);
     }
     if (void* lent = takeLentBlock(n)) {
-      std::lock_guard<std::mutex> lock(mutex());
-      lent_.insert(lent);
-      stats_.lent += 1;
       return {lent, lent, &freeLent, c10::Device(c10::DeviceType::CPU)};
     }
     void* data = takeBlock(roundedSize(n));
@@ -57,6 +54,20 @@ class KernelHostAllocator final : public c10::Allocator {
 
   void copy_data(void* dest, const void* src, size_t count) const override {
     default_copy_data(dest, src, count);
+  }
+
+  // Hands `block` (a device output's memory) to a kernel's allocation,
+  // unless an earlier allocation still holds it.
+  bool claimLent(void* block) {
+    std::lock_guard<std::mutex> lock(mutex());
+    if (!lent_.insert(block).second) return false;
+    stats_.lent += 1;
+    return true;
+  }
+
+  void noteInPlace() {
+    std::lock_guard<std::mutex> lock(mutex());
+    stats_.in_place += 1;
   }
 
   // Whether `block`, lent from a device output, is still allocated.
@@ -194,6 +205,12 @@ KernelHostMemoryStats kernelHostMemoryStats() {
   return instance != nullptr ? instance->stats() : KernelHostMemoryStats{};
 }
 
+void noteResultInPlace() {
+  if (instance != nullptr) {
+    instance->noteInPlace();
+  }
+}
+
 void releaseKernelHostMemory() {
   if (instance != nullptr) {
     instance->release();
@@ -207,8 +224,13 @@ thread_local LendingScope* open_scope = nullptr;
 void* takeLentBlock(size_t nbytes) {
   LendingScope* scope = open_scope;
   if (scope == nullptr) return nullptr;
+  // A block serves one allocation at a time, and again once that one is
+  // freed: oneDNN's convolution first reorders its input into a buffer of
+  // the output's size (in the benchmark's 64-to-64-channel case), frees it,
+  // and only then allocates the output it returns.
   for (LendingScope::Offer& offer : scope->offers_) {
-    if (!offer.taken && offer.nbytes == nbytes) {
+    if (offer.data != nullptr && offer.nbytes == nbytes &&
+        instance->claimLent(offer.data)) {
       offer.taken = true;
       return offer.data;
     }

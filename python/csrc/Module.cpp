@@ -210,6 +210,7 @@ PYBIND11_MODULE(_C, m) {
     d["reused"] = stats.reused;
     d["fresh"] = stats.fresh;
     d["lent"] = stats.lent;
+    d["in_place"] = stats.in_place;
     return d;
   });
 

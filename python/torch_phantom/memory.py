@@ -103,6 +103,8 @@ def kernel_host_memory_stats() -> Dict[str, int]:
     ``cached_bytes``/``cached_blocks``: free, kept for the next call (at most
     512 MiB; ``empty_cache()`` frees them); ``live_bytes``/``live_blocks``: in
     use; ``reused``/``fresh``: allocations served from the cache or new;
-    ``lent``: results a kernel computed straight into the device output the
-    host had allocated for them, so no copy followed."""
+    ``lent``: allocations served from the memory of a device output the host
+    had allocated for the result (a scratch buffer of that size may take it
+    first, and hand it on when freed); ``in_place``: results a kernel
+    computed straight into their device output, so no copy followed."""
     return dict(_C._kernel_host_memory_stats())

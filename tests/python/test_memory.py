@@ -192,7 +192,7 @@ def test_kernels_reuse_their_large_host_buffers_and_empty_cache_frees_them():
 _LENDING_CASES = """
 import torch, torch_phantom
 import torch.nn.functional as F
-lent = lambda: torch.phantom.kernel_host_memory_stats()["lent"]
+in_place = lambda: torch.phantom.kernel_host_memory_stats()["in_place"]
 gen = torch.Generator().manual_seed(0)
 table = torch.rand(20000, 64, generator=gen)
 indices = torch.randint(0, 20000, (16384,), generator=gen)
@@ -206,16 +206,16 @@ y.backward(grad)
 xp = x.detach().to("phantom").requires_grad_()
 wp = w.detach().to("phantom").requires_grad_()
 counts = []
-start = lent()
+start = in_place()
 bag_p = F.embedding_bag(indices.to("phantom"), table.to("phantom"),
                         offsets.to("phantom"), mode="sum")
-torch.phantom.synchronize(); counts.append(lent() - start)
-start = lent()
+torch.phantom.synchronize(); counts.append(in_place() - start)
+start = in_place()
 y_p = F.conv2d(xp, wp, padding=1)
-counts.append(lent() - start)
-start = lent()
+counts.append(in_place() - start)
+start = in_place()
 y_p.backward(grad.to("phantom"))
-torch.phantom.synchronize(); counts.append(lent() - start)
+torch.phantom.synchronize(); counts.append(in_place() - start)
 assert torch.equal(bag_p.cpu(), bag), "embedding_bag"
 assert torch.equal(y_p.cpu(), y), "conv2d"
 assert torch.equal(xp.grad.cpu(), x.grad), "conv2d input gradient"

@@ -362,7 +362,7 @@ TEST(KernelHostMemory, DeviceWorkReusesLargeHostBlocksAndTheHostDoesNot) {
 // result could land in either block). Here the "device output" is a host
 // buffer the test owns: were the allocator to free it, the vector's own
 // free would fail.
-TEST(KernelHostMemory, LendingServesOneAllocationOfTheOfferedSize) {
+TEST(KernelHostMemory, LendingServesOneAllocationOfTheOfferedSizeAtATime) {
   const auto stream = phantom::getStreamFromPool(false, 0);
   phantom::launchAndWait(stream, "warm up", [] {});  // installs the cache
   const size_t size = phantom::kMinCachedBytes * 2;
@@ -380,18 +380,26 @@ TEST(KernelHostMemory, LendingServesOneAllocationOfTheOfferedSize) {
     at::Tensor of_withdrawn_size = at::empty({bytes(same_a.size())}, at::kByte);
     EXPECT_NE(of_withdrawn_size.data_ptr(), static_cast<void*>(same_a.data()));
     EXPECT_NE(of_withdrawn_size.data_ptr(), static_cast<void*>(same_b.data()));
+    // A scratch buffer of the size takes the block first; once it is
+    // freed, the block serves the next allocation: the result.
+    at::Tensor scratch = at::empty({bytes(size)}, at::kByte);
+    EXPECT_EQ(scratch.data_ptr(), static_cast<void*>(output.data()));
+    scratch.fill_(7);
+    scratch.reset();
     at::Tensor result = at::empty({bytes(size / sizeof(float))}, at::kFloat);
-    EXPECT_EQ(result.data_ptr(), static_cast<void*>(output.data()));
+    EXPECT_EQ(result.data_ptr(), static_cast<void*>(output.data()))
+        << "lent again once the scratch buffer was freed";
     result.fill_(2.0f);
     at::Tensor second = at::empty({bytes(size / sizeof(float))}, at::kFloat);
-    EXPECT_NE(second.data_ptr(), static_cast<void*>(output.data())) << "lent once";
+    EXPECT_NE(second.data_ptr(), static_cast<void*>(output.data()))
+        << "one allocation at a time";
     result.reset();
     lending.close();
     EXPECT_FALSE(lending.lentBlockStillAlive());
   });
   EXPECT_EQ(reinterpret_cast<const float*>(output.data())[0], 2.0f)
       << "the kernel's result is in the lent memory";
-  EXPECT_EQ(phantom::kernelHostMemoryStats().lent - lent_before, 1u);
+  EXPECT_EQ(phantom::kernelHostMemoryStats().lent - lent_before, 2u);
 
   // oneDNN allocates through raw_allocate; raw_deallocate must not free.
   phantom::launchAndWait(stream, "kernel", [&] {
@@ -415,7 +423,7 @@ TEST(KernelHostMemory, LendingServesOneAllocationOfTheOfferedSize) {
   phantom::LendingScope on_host;
   EXPECT_FALSE(on_host.accepts(size));
   EXPECT_FALSE(on_host.offer(output.data(), size));
-  EXPECT_EQ(phantom::kernelHostMemoryStats().lent - lent_before, 2u);
+  EXPECT_EQ(phantom::kernelHostMemoryStats().lent - lent_before, 3u);
 }
 
 // A kernel that keeps a buffer past its return (a cache) in lent memory

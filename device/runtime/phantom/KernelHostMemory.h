@@ -22,11 +22,14 @@
 // up (the device output the host allocated ahead) would otherwise copy the
 // kernel's fresh CPU result into it: a second pass over memory, 25 MiB per
 // 32x64x56x56 convolution. Instead the work may offer the output's memory
-// (its kernel view, which the CPU kernel can write) for the kernel's next
-// allocation of exactly that size. If the result comes back there with the
-// output's strides, the copy is skipped. If a scratch buffer of the same
-// size took the memory instead, it is dead when the kernel returns and the
-// copy overwrites it, as without lending. The one hazard is a kernel that
+// (its kernel view, which the CPU kernel can write) for the kernel's
+// allocations of exactly that size, one at a time: a scratch buffer of the
+// size may take it first and hands it on when freed (oneDNN's convolution
+// reorders its input into a buffer of its output's size, frees it, then
+// allocates the output). If the result comes back there with the output's
+// strides, the copy is skipped. If a scratch buffer still held the memory
+// when the result was allocated, it is dead when the kernel returns and
+// the copy overwrites it, as without lending. The one hazard is a kernel that
 // keeps a buffer past its return (a cache): the scope reports a lent block
 // still alive when it ends, and the caller fails the op loudly.
 // PHANTOM_NO_LENDING=1 turns lending off.
@@ -52,6 +55,7 @@ struct KernelHostMemoryStats {
   uint64_t reused = 0;       // allocations served from the cache
   uint64_t fresh = 0;        // allocations that had to ask the OS
   uint64_t lent = 0;         // allocations served from a device output
+  uint64_t in_place = 0;     // results found in their device output: no copy
 };
 
 // Wraps the CPU allocator, once (the runtime calls it before it first
@@ -59,6 +63,10 @@ struct KernelHostMemoryStats {
 void installKernelHostAllocator();
 
 KernelHostMemoryStats kernelHostMemoryStats();
+
+// Counts a result that came back in the device output it was lent
+// (stats.in_place); the ops that lend call it where they skip the copy.
+void noteResultInPlace();
 
 // Frees every cached block (live blocks return to the OS when freed).
 void releaseKernelHostMemory();
@@ -73,7 +81,8 @@ class LendingScope {
   LendingScope(const LendingScope&) = delete;
   LendingScope& operator=(const LendingScope&) = delete;
 
-  // Offers [data, data + nbytes) to the next allocation of exactly nbytes.
+  // Offers [data, data + nbytes) to the allocations of exactly nbytes, to
+  // one at a time (again once that one is freed).
   // Refused (returns false) below kMinCachedBytes, outside device work, in
   // a nested scope, for a size already offered (two outputs of one size
   // could each receive the other's result), or after close().
