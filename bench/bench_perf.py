@@ -13,9 +13,16 @@ number of calls with which one CPU sample, timed the same way, lasted at
 least --min-sample-ms (grown until it did). A case gets at least --reps
 rounds, and more (up to --max-reps) while it has been timed for less than
 --case-budget-s: cheap cases, whose samples spread most, get the most.
+Every --remake-every rounds the inputs of every arm are built again, so a
+case is timed over several placements of its memory, not one: two CPU
+copies of one case differed by up to 16 % in one process, and by at most
+8 % when their inputs were re-created every few rounds.
 The result of a case is the median per-call time of each device and the
-ratio phantom/CPU (lower is better; 1.0 = as fast as the CPU, which runs
-the very same kernels without a device in between).
+ratio phantom/CPU: the median over rounds of the round's phantom time over
+its CPU time (lower is better; 1.0 = as fast as the CPU, which runs the
+very same kernels without a device in between). A round times both within
+a fraction of a second, so a slow phase of the machine that spans it
+cancels in its ratio; the ratio of the two medians is saved beside it.
 
 The large ops and the training steps also time a *control*: a second,
 independent CPU copy of the case (its own inputs, its own memory) in the
@@ -36,7 +43,7 @@ Copies (benchmark 5) reuse bench_copies.py: bandwidth against a one-thread
 memcpy, so there the ratio is phantom bandwidth / memcpy bandwidth (higher
 is better).
 
-    python bench/bench_perf.py                  # everything, ~10 min
+    python bench/bench_perf.py                  # everything, ~4 min
     python bench/bench_perf.py --quick          # small sizes, few rounds, < 1 min
     python bench/bench_perf.py --only small_ops scaling --reps 7
     python bench/bench_perf.py --out bench/results/perf.json
@@ -129,6 +136,12 @@ def time_case(make, args, inner=None, control=False):
     runs = {arm: make(device_of[arm]) for arm in arms}
     min_sample_s = args.min_sample_ms / 1e3
 
+    def remake():
+        runs.clear()  # free the old inputs before building the new ones
+        runs.update({arm: make(device_of[arm]) for arm in arms})
+        for arm in arms:  # first touch, caches
+            sample(arm, 1)
+
     def sample(arm, k):
         run = runs[arm]
         sync(device_of[arm])
@@ -161,20 +174,30 @@ def time_case(make, args, inner=None, control=False):
             inner = max(2 * inner, int(1.2 * min_sample_s / max(per_call, 1e-9)))
     sample(PHANTOM, 1)
     # Rounds: at least args.reps; more, up to args.max_reps, while the case
-    # has been timed for less than args.case_budget_s. Each round runs every
-    # arm once, in an order that cycles through all orders, so each arm
-    # follows each other arm equally often and drift hits all alike.
+    # has been timed for less than args.case_budget_s (building inputs
+    # again does not count). Each round runs every arm once, in an order
+    # that cycles through all orders, so each arm follows each other arm
+    # equally often and drift hits all alike.
     orders = list(itertools.permutations(arms))
     samples = {arm: [] for arm in arms}
-    started = time.perf_counter()
+    timed = 0.0
     r = 0
-    while r < args.reps or (r < args.max_reps and
-                            time.perf_counter() - started < args.case_budget_s):
+    while r < args.reps or (r < args.max_reps and timed < args.case_budget_s):
+        if args.remake_every and r and r % args.remake_every == 0:
+            remake()
+        started = time.perf_counter()
         for arm in orders[r % len(orders)]:
             samples[arm].append(sample(arm, inner))
+        timed += time.perf_counter() - started
         r += 1
-    del runs
+    runs.clear()
     return samples, inner
+
+
+def paired_ratio(numerator, denominator):
+    """Median over rounds of numerator[i] / denominator[i], the two arms'
+    samples of round i."""
+    return statistics.median(a / b for a, b in zip(numerator, denominator))
 
 
 def cpu_ticks():
@@ -211,7 +234,8 @@ def record(results, bench, name, make, args, size=None, inner=None, extra=None,
         "size": size,
         "phantom_s": p,
         "cpu_s": c,
-        "ratio": p / c,
+        "ratio": paired_ratio(samples[PHANTOM], samples["cpu"]),
+        "ratio_of_medians": p / c,
         "inner": inner,
         "rounds": len(samples["cpu"]),
         "steal_fraction": steal,
@@ -220,13 +244,13 @@ def record(results, bench, name, make, args, size=None, inner=None, extra=None,
     }
     if control:
         row["cpu_control_s"] = statistics.median(samples[CONTROL])
-        row["control_ratio"] = row["cpu_control_s"] / c
+        row["control_ratio"] = paired_ratio(samples[CONTROL], samples["cpu"])
         row["samples_cpu_control_s"] = samples[CONTROL]
     if extra:
         row.update(extra)
     results.append(row)
     stolen = f", {steal:.0%} of CPU time stolen" if steal and steal >= 0.01 else ""
-    print(f"  {name:<34} {fmt_time(p):>10} {fmt_time(c):>10} {p / c:7.2f}"
+    print(f"  {name:<34} {fmt_time(p):>10} {fmt_time(c):>10} {row['ratio']:7.2f}"
           f"  ({row['rounds']} rounds{stolen})", flush=True)
     if control:
         print(f"    noise floor: a second CPU copy of the case / the first: "
@@ -466,20 +490,23 @@ def bench_copies_(args, results):
     for mib in sizes:
         nbytes = mib * bench_copies.MiB
         inner, samples = bench_copies.bench_size(
-            nbytes, args.reps, args.min_sample_ms / 1e3, torch.device(PHANTOM),
+            nbytes, args.copy_rounds, args.min_sample_ms / 1e3, torch.device(PHANTOM),
             cases)
         base = statistics.median(samples["memcpy"])
         for case in cases[1:]:
             med = statistics.median(samples[case])
+            # Bandwidth ratio of each round: memcpy's time over phantom's.
+            ratio = paired_ratio(samples["memcpy"], samples[case])
             results.append({
                 "benchmark": "copies", "case": f"{case} {mib} MiB", "size": nbytes,
                 "copy": case, "phantom_s": med, "memcpy_s": base,
                 "phantom_gb_s": nbytes / med / 1e9, "memcpy_gb_s": nbytes / base / 1e9,
-                "ratio": base / med, "inner": inner,
+                "ratio": ratio, "ratio_of_medians": base / med, "inner": inner,
+                "rounds": len(samples[case]),
                 "samples_phantom_s": samples[case], "samples_memcpy_s": samples["memcpy"],
             })
             print(f"  {case + f' {mib} MiB':<34} {nbytes / med / 1e9:7.2f}GB/s"
-                  f" {nbytes / base / 1e9:7.2f}GB/s {base / med:7.2f}", flush=True)
+                  f" {nbytes / base / 1e9:7.2f}GB/s {ratio:7.2f}", flush=True)
 
 
 # --- where the time of one small op goes ---------------------------------------
@@ -681,9 +708,14 @@ def main(argv=None):
                         "least (default 5, 3 with --quick)")
     parser.add_argument("--case-budget-s", type=float, help="add rounds, up to "
                         "--max-reps, while a case has been timed for less than this "
-                        "(default 2, 0 with --quick)")
-    parser.add_argument("--max-reps", type=int, default=25,
-                        help="most rounds per case (default 25)")
+                        "(default 5, 0 with --quick)")
+    parser.add_argument("--max-reps", type=int, default=60,
+                        help="most rounds per case (default 60)")
+    parser.add_argument("--copy-rounds", type=int, help="interleaved rounds per "
+                        "copy size (default 15, 3 with --quick)")
+    parser.add_argument("--remake-every", type=int, default=8, metavar="ROUNDS",
+                        help="build every arm's inputs again every ROUNDS rounds "
+                        "(default 8; 0: never)")
     parser.add_argument("--min-sample-ms", type=float,
                         help="minimum duration of one sample (default 20, 5 with --quick)")
     parser.add_argument("--out", help="write the results as JSON here")
@@ -695,14 +727,18 @@ def main(argv=None):
         return loop_chain(args.loop_chain)
     if args.reps is None:
         args.reps = 3 if args.quick else 5
+    if args.copy_rounds is None:
+        args.copy_rounds = 3 if args.quick else 15
     if args.min_sample_ms is None:
         args.min_sample_ms = 5.0 if args.quick else 20.0
     if args.case_budget_s is None:
-        args.case_budget_s = 0.0 if args.quick else 2.0
-    if args.reps < 1:
-        parser.error("--reps must be at least 1")
+        args.case_budget_s = 0.0 if args.quick else 5.0
+    if args.reps < 1 or args.copy_rounds < 1:
+        parser.error("--reps and --copy-rounds must be at least 1")
     if args.max_reps < args.reps:
         parser.error("--max-reps must be at least --reps")
+    if args.remake_every < 0:
+        parser.error("--remake-every must be 0 (never) or a number of rounds")
     if not torch.phantom.is_available():
         sys.exit("phantom is not available: check PHANTOM_DEVICE_COUNT and "
                  "PHANTOM_DEVICE_MEMORY (see docs/architecture.md, Settings)")
@@ -712,8 +748,9 @@ def main(argv=None):
           f"({info['torch_threads']} threads), phantom {info['phantom_commit'][:12]}, "
           f"load {info['load_average_at_start'][0]:.2f}")
     print(f"medians of {args.reps}-{args.max_reps} interleaved rounds per case (more "
-          f"while a case has taken under {args.case_budget_s:g} s); "
-          f"ratio = phantom / cpu time")
+          f"while a case has taken under {args.case_budget_s:g} s), inputs built "
+          + (f"again every {args.remake_every} rounds" if args.remake_every else "once")
+          + "; ratio = median over rounds of phantom / cpu time")
     started = time.perf_counter()
     ticks = cpu_ticks()
     results = []
@@ -736,11 +773,14 @@ def main(argv=None):
     if args.out:
         report = {
             "benchmark": "bench/bench_perf.py",
-            "units": "seconds per call (median); ratio = phantom/cpu time, "
-                     "for copies phantom/memcpy bandwidth",
+            "units": "seconds per call (median); ratio = median over rounds of "
+                     "phantom/cpu time, for copies of phantom/memcpy bandwidth; "
+                     "ratio_of_medians: the same of the two medians",
             "reps": args.reps,
             "max_reps": args.max_reps,
             "case_budget_s": args.case_budget_s,
+            "remake_every": args.remake_every,
+            "copy_rounds": args.copy_rounds,
             "quick": args.quick,
             "machine": info,
             "targets": {k: f"{op} {b}" for k, (op, b) in TARGETS.items()},

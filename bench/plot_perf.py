@@ -106,6 +106,10 @@ def markdown(data):
           f"{m['date']}, load average {m['load_average_at_start'][0]:.1f} at start and "
           f"{m['load_average_at_end'][0]:.1f} at end, env {m.get('env', {})}, "
           f"medians of {rounds_text(data)} interleaved rounds per case"
+          + (f", inputs built again every {data['remake_every']} rounds"
+             if data.get("remake_every") else "")
+          + (", ratios the median of the rounds' ratios"
+             if any("ratio_of_medians" in r for r in data["results"]) else "")
           + (f", {m['steal_fraction']:.0%} of the CPU time stolen by the hypervisor"
              if m.get("steal_fraction") is not None else "") + ".\n")
     rows = data["results"]
