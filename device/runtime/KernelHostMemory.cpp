@@ -19,8 +19,8 @@
 
 namespace phantom {
 
-// The open LendingScope's block of exactly `nbytes`, marked taken, or
-// nullptr. Only the thread that opened the scope sees it.
+// The open LendingScope's block of exactly `nbytes`, claimed for the
+// caller's allocation, or nullptr. Only the thread that opened the scope sees it.
 void* takeLentBlock(size_t nbytes);
 
 namespace {
@@ -231,7 +231,6 @@ void* takeLentBlock(size_t nbytes) {
   for (LendingScope::Offer& offer : scope->offers_) {
     if (offer.data != nullptr && offer.nbytes == nbytes &&
         instance->claimLent(offer.data)) {
-      offer.taken = true;
       return offer.data;
     }
   }
@@ -264,12 +263,11 @@ bool LendingScope::offer(void* data, size_t nbytes) {
     if (offer.nbytes == nbytes) {
       // Two blocks of one size: the kernel could put either result in
       // either block. Withdraw the first (never hand it out); refuse this.
-      offer.taken = true;
       offer.data = nullptr;
       return false;
     }
   }
-  offers_.push_back(Offer{data, nbytes, false});
+  offers_.push_back(Offer{data, nbytes});
   return true;
 }
 
@@ -290,7 +288,7 @@ void LendingScope::requireNothingKept(const char* op) const {
 
 bool LendingScope::lentBlockStillAlive() const {
   for (const Offer& offer : offers_) {
-    if (offer.taken && offer.data != nullptr && instance->stillLent(offer.data)) {
+    if (offer.data != nullptr && instance->stillLent(offer.data)) {
       return true;
     }
   }

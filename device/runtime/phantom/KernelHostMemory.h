@@ -105,10 +105,11 @@ class LendingScope {
   void requireNothingKept(const char* op) const;
 
  private:
+  // Whether an offer is lent right now is the allocator's record of lent
+  // blocks; a withdrawn offer has data == nullptr.
   struct Offer {
     void* data;
     size_t nbytes;
-    bool taken;
   };
   friend void* takeLentBlock(size_t nbytes);
   c10::SmallVector<Offer, 4> offers_;
