@@ -13,6 +13,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from conftest import run_python
+
 TIGHT = dict(rtol=1e-5, atol=1e-6)
 
 
@@ -135,13 +137,13 @@ def test_autograd_grad_functional():
 # hook the device thread would release it during finalization, which is
 # the race that aborts the process (docs/reliability.md).
 _EXIT_AFTER_BACKWARD = r"""
-import atexit, contextvars, os, sys, weakref
+import atexit, contextvars, os, weakref
 marker_ref = None
 def check():
     os.write(1, b"marker alive\n" if marker_ref() is not None else b"marker released\n")
 atexit.register(check)
 import torch, torch_phantom
-if sys.argv[1] == "without-hook":
+if MODE == "without-hook":
     atexit.unregister(torch_phantom._exit.release_autograd_graph_tasks)
 os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
 x = torch.rand(8, device="phantom", requires_grad=True)
@@ -163,10 +165,7 @@ del marker
 
 
 def _exit_after_backward(mode):
-    import subprocess
-    import sys
-    return subprocess.run([sys.executable, "-c", _EXIT_AFTER_BACKWARD, mode],
-                          capture_output=True, text=True, timeout=120)
+    return run_python(f"MODE = {mode!r}\n" + _EXIT_AFTER_BACKWARD, timeout=120)
 
 
 def test_exit_right_after_backward_releases_the_graph_task_first():
