@@ -42,6 +42,7 @@
 #include <phantom/Stream.h>
 #include <phantom/ops/GenericPath.h>
 #include <phantom/ops/KernelAliases.h>
+#include <phantom/ops/KernelThreads.h>
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -421,8 +422,9 @@ void queueCpuKernel(const c10::OperatorHandle& op,
     }
   }
   const PhantomStream stream = getCurrentPhantomStream(device.index());
+  const bool one_thread = runsOnOneThread(op.operator_name(), args);
   auto work = [op, kernel_args = std::move(kernel_args), fresh = std::move(fresh),
-               wrong = std::move(wrong)] {
+               wrong = std::move(wrong), one_thread] {
     KernelAliases aliases;
     torch::jit::Stack kernel_stack;
     kernel_stack.reserve(kernel_args.size());
@@ -441,12 +443,15 @@ void queueCpuKernel(const c10::OperatorHandle& op,
         lending.offer(out.data_ptr(), out.nbytes());
       }
     }
-    if (op.hasKernelForDispatchKey(c10::DispatchKey::CPU)) {
-      op.callBoxedForDispatchKey(c10::DispatchKey::CPU, kernel_stack);
-    } else {
-      // A composite CPU entry (Fallback.cpp, bottom), found only through
-      // the dispatch table; it runs its ops on the CPU aliases.
-      op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &kernel_stack);
+    {
+      const OneThreadScope threads(one_thread);  // KernelThreads.h
+      if (op.hasKernelForDispatchKey(c10::DispatchKey::CPU)) {
+        op.callBoxedForDispatchKey(c10::DispatchKey::CPU, kernel_stack);
+      } else {
+        // A composite CPU entry (Fallback.cpp, bottom), found only through
+        // the dispatch table; it runs its ops on the CPU aliases.
+        op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &kernel_stack);
+      }
     }
     lending.close();
     std::vector<at::Tensor> cpu_results;

@@ -1,0 +1,54 @@
+// How many OpenMP threads a queued CPU kernel runs with.
+//
+// The stream worker runs the CPU's kernels with the CPU's thread count:
+// many CPU kernels split a reduction by thread, so the count decides their
+// bits (docs/performance.md, "Training steps: what is left"). A few
+// kernels, though, call at::parallel_for with a grain of 1 and give each
+// thread whole outputs, each computed the same way whatever the split. On a
+// small input such a kernel spends more waking the worker's OpenMP team
+// (a futex wake and a barrier, tens of µs on a virtual machine whose
+// other vCPU sleeps) than computing, and the woken thread competes with
+// the host thread for a core. Those kernels, and only those, run on one
+// thread when their work is under ATen's own grain (at::internal::
+// GRAIN_SIZE elements), which gives the same bits with no team at all.
+//
+// The ops, and why each gives the same bits on any thread count:
+//   _embedding_bag, _embedding_bag_forward_only: a thread sums whole bags,
+//     each bag's rows in index order;
+//   log_sigmoid_forward: elementwise, the same vector code for every
+//     element (a chunk's tail is a partial vector load, not scalar code).
+// The tests compare them bit for bit with the CPU on two threads.
+//
+// OpenMP's thread count is a per-thread setting, so lowering it on the
+// worker for one kernel touches no other thread. It is reached through the
+// libgomp that libtorch_cpu loaded; a torch built without OpenMP leaves
+// every kernel as it is.
+#pragma once
+
+#include <ATen/core/ivalue.h>
+#include <c10/util/ArrayRef.h>
+
+namespace c10 {
+struct OperatorName;
+}
+
+namespace phantom {
+
+// Whether `op`'s CPU kernel, called with `args` (phantom tensors: only
+// their metadata is read), runs on one OpenMP thread on the worker.
+bool runsOnOneThread(const c10::OperatorName& op, c10::ArrayRef<c10::IValue> args);
+
+// While alive, kernels on this thread run on one OpenMP thread (when
+// `active`); the thread's own count comes back at the end of the scope.
+class OneThreadScope {
+ public:
+  explicit OneThreadScope(bool active);
+  ~OneThreadScope();
+  OneThreadScope(const OneThreadScope&) = delete;
+  OneThreadScope& operator=(const OneThreadScope&) = delete;
+
+ private:
+  int saved_ = 0;  // the thread's count before, 0 if unchanged
+};
+
+}  // namespace phantom

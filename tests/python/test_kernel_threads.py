@@ -1,0 +1,96 @@
+"""Small kernels that split over whole outputs run on one OpenMP thread on
+the stream worker (ops/phantom/ops/KernelThreads.h): no OpenMP team is woken
+for them, larger kernels still get one, and the answers are the CPU's bits
+computed on all of its threads."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_phantom  # noqa: F401
+from conftest import run_python
+
+needs_threads = pytest.mark.skipif(
+    torch.get_num_threads() < 2, reason="needs an OpenMP team of two or more threads")
+
+# Counts the stream worker's threads (its OpenMP helpers inherit its name)
+# after small kernels of the three ops, then after a large EmbeddingBag
+# (8192 indices of width 8: 65536 elements of work, over ATen's grain).
+_WORKER_TEAM = r"""
+import os, torch, torch.nn.functional as F, torch_phantom
+def worker_threads():
+    names = [open(f"/proc/self/task/{t}/comm").read().strip()
+             for t in os.listdir("/proc/self/task")]
+    return sum(name.startswith("ph-stream-d0") for name in names)
+d = "phantom"
+g = torch.Generator().manual_seed(0)
+weight = torch.randn(40, 8, generator=g).to(d).requires_grad_()
+indices = torch.randint(0, 40, (40,), generator=g).to(d)
+offsets = torch.arange(0, 40, 3)[:16].to(d)
+weights = torch.rand(40, generator=g).to(d)
+x = torch.randn(16, generator=g).to(d)
+torch.ones(1, device=d).cpu()
+for _ in range(5):
+    F.embedding_bag(indices, weight, offsets, mode="sum", per_sample_weights=weights)
+    F.embedding_bag(indices, weight.detach(), offsets, mode="mean")
+    F.logsigmoid(x)
+torch.phantom.synchronize()
+small = worker_threads()
+big = torch.randint(0, 40, (8192,), generator=g).to(d)
+F.embedding_bag(big, weight.detach(), torch.arange(0, 8192, 64).to(d), mode="sum")
+torch.phantom.synchronize()
+print(small, worker_threads())
+"""
+
+
+@needs_threads
+def test_small_bag_and_log_sigmoid_kernels_wake_no_openmp_team():
+    result = run_python(_WORKER_TEAM)
+    assert result.returncode == 0, result.stderr
+    small, large = map(int, result.stdout.split())
+    # Only the worker itself: no helper thread was ever started for the
+    # small kernels. Without the one-thread rule the first of them starts
+    # the worker's team (2 here).
+    assert small == 1, f"{small} worker threads after small kernels"
+    # A large kernel still runs on the team: the worker's own thread count
+    # was given back after each small one.
+    assert large > 1, "a large EmbeddingBag ran on one thread"
+
+
+_SAME_WIDTH_INT = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _bits_equal(got, expected):
+    """Bit for bit (so -0.0 differs from 0.0, and NaNs compare)."""
+    width = _SAME_WIDTH_INT[expected.element_size()]
+    return got.dtype == expected.dtype and torch.equal(got.cpu().view(width), expected.view(width))
+
+
+@needs_threads
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("n", [1, 7, 16, 17, 33, 1000, 32767])
+def test_log_sigmoid_on_one_thread_gives_the_cpus_bits(dtype, n):
+    # Odd sizes put a chunk's end inside a vector on the CPU's two threads.
+    x = (torch.randn(n, generator=torch.Generator().manual_seed(n)) * 20).to(dtype)
+    expected = F.logsigmoid(x)
+    got = F.logsigmoid(x.to("phantom"))
+    assert _bits_equal(got, expected)
+
+
+@needs_threads
+@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("bags", [1, 3, 16, 255])
+def test_embedding_bag_on_one_thread_gives_the_cpus_bits(mode, dtype, bags):
+    g = torch.Generator().manual_seed(bags)
+    weight = torch.randn(50, 8, generator=g).to(dtype)
+    lengths = torch.randint(0, 9, (bags,), generator=g)  # empty bags too
+    offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)[:-1]])
+    indices = torch.randint(0, 50, (int(lengths.sum()),), generator=g)  # repeats
+    psw = (torch.rand(indices.shape[0], generator=g).to(dtype) if mode == "sum" else None)
+    expected = F.embedding_bag(indices, weight.requires_grad_(), offsets, mode=mode,
+                               per_sample_weights=psw)
+    got = F.embedding_bag(indices.to("phantom"), weight.detach().to("phantom").requires_grad_(),
+                          offsets.to("phantom"), mode=mode,
+                          per_sample_weights=None if psw is None else psw.to("phantom"))
+    assert indices.numel() * 8 < 32768  # under the grain: the one-thread path
+    assert _bits_equal(got, expected)
