@@ -58,6 +58,7 @@ import argparse
 import datetime
 import itertools
 import json
+import math
 import os
 import pathlib
 import platform
@@ -90,7 +91,15 @@ TARGETS = {
     "copies": (">=", 0.9),
 }
 SCALING_JUDGED_ABOVE = 10**6
-SETTLE_S = 0.02  # pause before each timed sample
+# The pause before each timed sample: the other arm's threads must have
+# stopped spinning. Phantom's worker polls its queue for 1 ms after its last
+# task; OpenMP's threads, under its default wait policy, spin at the barrier
+# for several ms more (under OMP_WAIT_POLICY=PASSIVE, run_perf.sh's default,
+# not at all). No longer than needed: on the virtual machines measured here
+# a core left idle for 20 ms runs the next ~10 ms at about half speed (a sum
+# of 10^7 floats on the CPU: 0.80 ms per call after a 3 ms pause, 1.53-1.66
+# ms after a 20 ms one, 10 calls per sample), which weighed on every sample.
+SETTLE_S = 0.003 if os.environ.get("OMP_WAIT_POLICY", "").upper() == "PASSIVE" else 0.02
 
 
 def sync(device):
@@ -145,9 +154,8 @@ def time_case(make, args, inner=None, control=False):
     def sample(arm, k):
         run = runs[arm]
         sync(device_of[arm])
-        # Let the other device's OpenMP threads finish spinning at their
-        # barrier (OpenMP's default wait policy spins for a while) so they
-        # do not steal a core from this sample.
+        # Let the other arm's threads stop spinning (SETTLE_S) so they do
+        # not steal a core from this sample.
         time.sleep(SETTLE_S)
         start = time.perf_counter()
         for _ in range(k):
@@ -175,14 +183,16 @@ def time_case(make, args, inner=None, control=False):
     sample(PHANTOM, 1)
     # Rounds: at least args.reps; more, up to args.max_reps, while the case
     # has been timed for less than args.case_budget_s (building inputs
-    # again does not count). Each round runs every arm once, in an order
-    # that cycles through all orders, so each arm follows each other arm
-    # equally often and drift hits all alike.
+    # again does not count); always whole blocks (balanced_ratio). Each
+    # round runs every arm once, in an order that cycles through all
+    # orders, so each arm follows each other arm equally often and drift
+    # hits all alike.
     orders = list(itertools.permutations(arms))
     samples = {arm: [] for arm in arms}
     timed = 0.0
     r = 0
-    while r < args.reps or (r < args.max_reps and timed < args.case_budget_s):
+    while (r < args.reps or (r < args.max_reps and timed < args.case_budget_s)
+           or r % len(orders)):
         if args.remake_every and r and r % args.remake_every == 0:
             remake()
         started = time.perf_counter()
@@ -198,6 +208,22 @@ def paired_ratio(numerator, denominator):
     """Median over rounds of numerator[i] / denominator[i], the two arms'
     samples of round i."""
     return statistics.median(a / b for a, b in zip(numerator, denominator))
+
+
+def balanced_ratio(numerator, denominator, arms):
+    """Median over blocks of rounds of sum(numerator) / sum(denominator)
+    within the block; a block is one round in each order of the `arms`
+    arms, so each arm ran first as often as second.
+
+    A round's own ratio depends on which arm ran first: in the run of
+    commit 9a2333c the rounds' ratios of sum 10^7 alternated 0.59-0.98
+    (phantom first) and 1.11-1.68 (CPU first), and their median fell
+    wherever the two groups met. Over a block the order cancels out, for
+    both arms alike."""
+    block = math.factorial(arms)
+    pairs = list(zip(numerator, denominator))
+    blocks = [pairs[i:i + block] for i in range(0, len(pairs) - block + 1, block)] or [pairs]
+    return statistics.median(sum(a for a, _ in b) / sum(c for _, c in b) for b in blocks)
 
 
 def cpu_ticks():
@@ -234,8 +260,9 @@ def record(results, bench, name, make, args, size=None, inner=None, extra=None,
         "size": size,
         "phantom_s": p,
         "cpu_s": c,
-        "ratio": paired_ratio(samples[PHANTOM], samples["cpu"]),
+        "ratio": balanced_ratio(samples[PHANTOM], samples["cpu"], len(samples)),
         "ratio_of_medians": p / c,
+        "ratio_per_round": paired_ratio(samples[PHANTOM], samples["cpu"]),
         "inner": inner,
         "rounds": len(samples["cpu"]),
         "steal_fraction": steal,
@@ -244,7 +271,7 @@ def record(results, bench, name, make, args, size=None, inner=None, extra=None,
     }
     if control:
         row["cpu_control_s"] = statistics.median(samples[CONTROL])
-        row["control_ratio"] = paired_ratio(samples[CONTROL], samples["cpu"])
+        row["control_ratio"] = balanced_ratio(samples[CONTROL], samples["cpu"], len(samples))
         row["samples_cpu_control_s"] = samples[CONTROL]
     if extra:
         row.update(extra)
