@@ -18,11 +18,14 @@ case is timed over several placements of its memory, not one: two CPU
 copies of one case differed by up to 16 % in one process, and by at most
 8 % when their inputs were re-created every few rounds.
 The result of a case is the median per-call time of each device and the
-ratio phantom/CPU: the median over rounds of the round's phantom time over
-its CPU time (lower is better; 1.0 = as fast as the CPU, which runs the
-very same kernels without a device in between). A round times both within
-a fraction of a second, so a slow phase of the machine that spans it
-cancels in its ratio; the ratio of the two medians is saved beside it.
+ratio phantom/CPU (lower is better; 1.0 = as fast as the CPU, which runs
+the very same kernels without a device in between): rounds come in blocks
+of one round per order of the arms, and the ratio is the median over
+blocks of the block's phantom time over its CPU time (balanced_ratio). A
+block times both within a second or so, so a slow phase of the machine
+that spans it cancels in its ratio, and so does the order the arms ran
+in; the median of single rounds' ratios and the ratio of the two medians
+are saved beside it.
 
 The large ops and the training steps also time a *control*: a second,
 independent CPU copy of the case (its own inputs, its own memory) in the
@@ -777,7 +780,7 @@ def main(argv=None):
     print(f"medians of {args.reps}-{args.max_reps} interleaved rounds per case (more "
           f"while a case has taken under {args.case_budget_s:g} s), inputs built "
           + (f"again every {args.remake_every} rounds" if args.remake_every else "once")
-          + "; ratio = median over rounds of phantom / cpu time")
+          + "; ratio = median over blocks of rounds (one per arm order) of phantom / cpu time")
     started = time.perf_counter()
     ticks = cpu_ticks()
     results = []
@@ -800,8 +803,10 @@ def main(argv=None):
     if args.out:
         report = {
             "benchmark": "bench/bench_perf.py",
-            "units": "seconds per call (median); ratio = median over rounds of "
-                     "phantom/cpu time, for copies of phantom/memcpy bandwidth; "
+            "units": "seconds per call (median); ratio = median over blocks of "
+                     "rounds (one round per arm order) of phantom/cpu time, for "
+                     "copies median over rounds of phantom/memcpy bandwidth; "
+                     "ratio_per_round: median of the rounds' ratios; "
                      "ratio_of_medians: the same of the two medians",
             "reps": args.reps,
             "max_reps": args.max_reps,

@@ -108,7 +108,9 @@ def markdown(data):
           f"medians of {rounds_text(data)} interleaved rounds per case"
           + (f", inputs built again every {data['remake_every']} rounds"
              if data.get("remake_every") else "")
-          + (", ratios the median of the rounds' ratios"
+          + (", ratios the median over blocks of rounds (one per arm order)"
+             if any("ratio_per_round" in r for r in data["results"]) else
+             ", ratios the median of the rounds' ratios"
              if any("ratio_of_medians" in r for r in data["results"]) else "")
           + (f", {m['steal_fraction']:.0%} of the CPU time stolen by the hypervisor"
              if m.get("steal_fraction") is not None else "") + ".\n")
