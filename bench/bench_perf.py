@@ -670,6 +670,12 @@ def machine():
     commit = git("rev-parse", "HEAD") or "unknown"
     if git("status", "--porcelain", "--untracked-files=no"):
         commit += "+dirty"
+
+    def read(path):
+        try:
+            return pathlib.Path(path).read_text().strip()
+        except OSError:
+            return None
     return {
         "cpu_model": model,
         "cpu_count": os.cpu_count(),
@@ -680,6 +686,11 @@ def machine():
         "phantom_commit": commit,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "load_average_at_start": os.getloadavg(),
+        # How an idle vCPU waits: with the guest's haltpoll driver and
+        # guest_halt_poll_ns 0 it halts at once, and waking a thread on it
+        # takes ~60 us (performance.md, "Measuring on a virtual machine").
+        "cpuidle_driver": read("/sys/devices/system/cpu/cpuidle/current_driver"),
+        "guest_halt_poll_ns": read("/sys/module/haltpoll/parameters/guest_halt_poll_ns"),
         "env": {k: os.environ[k] for k in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS",
                                            "PHANTOM_SYNC_GENERIC", "PHANTOM_ALLOC_CONF")
                 if k in os.environ},

@@ -103,7 +103,10 @@ def markdown(data):
     m = data["machine"]
     print(f"Taken on {m['cpu_model']} ({m['cpu_count']} cores, torch {m['torch']}, "
           f"{m['torch_threads']} threads), phantom commit `{m['phantom_commit'][:12]}`, "
-          f"{m['date']}, load average {m['load_average_at_start'][0]:.1f} at start and "
+          f"{m['date']}, "
+          + (f"cpuidle {m['cpuidle_driver']} with guest_halt_poll_ns {m['guest_halt_poll_ns']}, "
+             if m.get("cpuidle_driver") else "")
+          + f"load average {m['load_average_at_start'][0]:.1f} at start and "
           f"{m['load_average_at_end'][0]:.1f} at end, env {m.get('env', {})}, "
           f"medians of {rounds_text(data)} interleaved rounds per case"
           + (f", inputs built again every {data['remake_every']} rounds"
