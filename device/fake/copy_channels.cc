@@ -4,6 +4,7 @@
 #include <pthread.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -17,14 +18,35 @@
 namespace phantom::fake {
 namespace {
 
-// The second channel: one helper thread that moves one range at a time.
-// Like a stream worker, it polls a while for the next range before
-// sleeping, and the thread waiting for its range polls before blocking
-// (spin_wait.h).
+// A copy on two channels is cut into chunks that both threads take from a
+// shared cursor until none is left, rather than in two fixed halves: when
+// one channel runs slower (its vCPU just woke from idle, or another thread
+// shares its core) the other moves more, and the copy takes the time of
+// the two together instead of that of the slower half.
+constexpr size_t kChunkBytes = size_t{2} << 20;
+
+// Takes chunks of [0, size) from `next` and copies them until none is left.
+void CopyChunks(std::atomic<size_t>& next, unsigned char* dst,
+                const unsigned char* src, size_t size) {
+  for (;;) {
+    const size_t offset = next.fetch_add(kChunkBytes, std::memory_order_relaxed);
+    if (offset >= size) return;
+    std::memcpy(dst + offset, src + offset, std::min(kChunkBytes, size - offset));
+  }
+}
+
+// The second channel: one helper thread that joins one copy at a time.
+// Like a stream worker, it polls a while for the next copy before
+// sleeping, and the thread waiting for it polls before blocking
+// (spin_wait.h). A copy the caller finished before the helper joined it is
+// closed, and the helper, when it wakes, leaves it alone: the caller never
+// waits for a helper that has not started.
 class SecondChannel {
  public:
-  // Hands the helper a range to move. False, and nothing started, if it
-  // is serving another copy or cannot be used in this process.
+  // Offers the helper the copy [dst, dst + size) <- src, which the caller
+  // then works on too (Work) and ends with Finish. False, and nothing
+  // offered, if the helper serves another copy or cannot be used in this
+  // process.
   bool TryStart(void* dst, const void* src, size_t size) {
     // A forked child has no helper thread (and maybe a mutex locked by a
     // thread that is gone): it copies on one thread.
@@ -41,29 +63,49 @@ class SecondChannel {
         busy_.store(false, std::memory_order_release);
         return false;
       }
-      dst_ = dst;
-      src_ = src;
+      dst_ = static_cast<unsigned char*>(dst);
+      src_ = static_cast<const unsigned char*>(src);
       size_ = size;
-      posted_.fetch_add(1, std::memory_order_release);
+      next_.store(0, std::memory_order_relaxed);
+      const uint64_t copy = posted_.load(std::memory_order_relaxed) + 1;
+      state_.store(State(copy, kPosted), std::memory_order_relaxed);
+      posted_.store(copy, std::memory_order_release);
     }
     work_posted_.notify_one();
     return true;
   }
 
-  // Returns once the helper has moved the range TryStart handed it.
-  void Wait() {
-    const uint64_t target = posted_.load(std::memory_order_relaxed);
-    auto moved = [&] {
-      return done_.load(std::memory_order_acquire) >= target;
-    };
-    if (!SpinUntil(moved)) {
-      std::unique_lock<std::mutex> lock(mutex_);
-      range_done_.wait(lock, moved);
+  // The caller's share of the copy TryStart offered.
+  void Work() { CopyChunks(next_, dst_, src_, size_); }
+
+  // Returns once every byte of the copy has arrived: at once if the helper
+  // had not joined it (it is closed), else when the helper is done.
+  // Returns whether the helper moved a part.
+  bool Finish() {
+    const uint64_t copy = posted_.load(std::memory_order_relaxed);
+    uint64_t posted = State(copy, kPosted);
+    bool helped = true;
+    if (state_.compare_exchange_strong(posted, State(copy, kClosed),
+                                       std::memory_order_acq_rel)) {
+      helped = false;
+    } else {
+      auto done = [&] {
+        return state_.load(std::memory_order_acquire) == State(copy, kDone);
+      };
+      if (!SpinUntil(done)) {
+        std::unique_lock<std::mutex> lock(mutex_);
+        range_done_.wait(lock, done);
+      }
     }
     busy_.store(false, std::memory_order_release);
+    return helped;
   }
 
  private:
+  // A copy's state: its number (posted_ when it was offered) and phase.
+  enum Phase : uint64_t { kPosted = 0, kJoined = 1, kClosed = 2, kDone = 3 };
+  static uint64_t State(uint64_t copy, Phase phase) { return copy * 4 + phase; }
+
   bool StartHelperLocked() {
     try {
       std::thread([this] { Serve(); }).detach();
@@ -81,8 +123,8 @@ class SecondChannel {
       SpinUntil([&] {
         return posted_.load(std::memory_order_acquire) != served;
       });
-      void* dst = nullptr;
-      const void* src = nullptr;
+      unsigned char* dst = nullptr;
+      const unsigned char* src = nullptr;
       size_t size = 0;
       {
         std::unique_lock<std::mutex> lock(mutex_);
@@ -94,10 +136,16 @@ class SecondChannel {
         src = src_;
         size = size_;
       }
-      std::memcpy(dst, src, size);
+      // Join the copy unless its caller already finished and closed it.
+      uint64_t posted = State(served, kPosted);
+      if (!state_.compare_exchange_strong(posted, State(served, kJoined),
+                                          std::memory_order_acq_rel)) {
+        continue;
+      }
+      CopyChunks(next_, dst, src, size);
       {
         std::lock_guard<std::mutex> lock(mutex_);
-        done_.store(served, std::memory_order_release);
+        state_.store(State(served, kDone), std::memory_order_release);
       }
       range_done_.notify_one();
     }
@@ -108,10 +156,11 @@ class SecondChannel {
   std::mutex mutex_;
   std::condition_variable work_posted_;
   std::condition_variable range_done_;
-  std::atomic<uint64_t> posted_{0};  // ranges handed over
-  std::atomic<uint64_t> done_{0};    // ranges moved
-  void* dst_ = nullptr;
-  const void* src_ = nullptr;
+  std::atomic<uint64_t> posted_{0};  // copies offered
+  std::atomic<uint64_t> state_{0};   // the last copy's State
+  std::atomic<size_t> next_{0};      // the next chunk's offset
+  unsigned char* dst_ = nullptr;
+  const unsigned char* src_ = nullptr;
   size_t size_ = 0;
 };
 
@@ -132,17 +181,13 @@ int ChannelCopy(void* dst, const void* src, size_t size) {
     std::memmove(dst, src, size);
     return 1;
   }
-  // Split on a page boundary, so the channels write pages of their own.
-  const size_t first = (size / 2) & ~size_t{4095};
-  if (!Channel().TryStart(reinterpret_cast<void*>(to + first),
-                          reinterpret_cast<const void*>(from + first),
-                          size - first)) {
+  SecondChannel& channel = Channel();
+  if (!channel.TryStart(dst, src, size)) {
     std::memcpy(dst, src, size);
     return 1;
   }
-  std::memcpy(dst, src, first);
-  Channel().Wait();
-  return 2;
+  channel.Work();
+  return channel.Finish() ? 2 : 1;
 }
 
 }  // namespace phantom::fake

@@ -5,10 +5,13 @@
 // host threads, and one thread's memmove does not reach the memory
 // bandwidth of this machine: on the 2-core development VM, a 16 MiB
 // memmove split over two threads ran 1.4-1.7x faster than on one, 1.1-1.3x
-// at 256 MiB. So a large copy is split in two: the thread that executes
-// the copy (a stream worker, or the caller of ph_memcpy) moves the first
-// half while the second channel, one helper thread shared by the process,
-// moves the second; the copy returns when both halves are done.
+// at 256 MiB. So a large copy is shared by two threads: the thread that
+// executes the copy (a stream worker, or the caller of ph_memcpy) and the
+// second channel, one helper thread shared by the process. Both take 2 MiB
+// chunks from a shared cursor until none is left, so a channel that runs
+// slower (its vCPU just woke from idle) moves less instead of holding the
+// copy up; the copy returns when every chunk has arrived. If the caller
+// took every chunk before the helper woke, it does not wait for it.
 //
 // Small copies stay on one thread: waking the helper costs tens of
 // microseconds on a VM, the time to copy a few MiB. Overlapping ranges
@@ -26,9 +29,9 @@ namespace phantom::fake {
 // Copies at or above this size are split over the two channels.
 constexpr size_t kSplitCopyBytes = size_t{8} << 20;
 
-// memmove(dst, src, size), split over two channels when it is large and
-// the ranges do not overlap. Returns how many channels moved the bytes
-// (1 or 2), for tests.
+// memmove(dst, src, size), shared by two channels when it is large and
+// the ranges do not overlap. Returns how many channels moved bytes (1 or
+// 2), for tests.
 int ChannelCopy(void* dst, const void* src, size_t size);
 
 }  // namespace phantom::fake
