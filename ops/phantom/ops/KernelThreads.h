@@ -15,9 +15,11 @@
 // The ops, and why each gives the same bits on any thread count:
 //   _embedding_bag, _embedding_bag_forward_only: a thread sums whole bags,
 //     each bag's rows in index order;
-//   log_sigmoid_forward: elementwise, the same vector code for every
-//     element (a chunk's tail is a partial vector load, not scalar code).
-// The tests compare them bit for bit with the CPU on two threads.
+//   log_sigmoid_forward: elementwise, each element a function of its
+//     input alone.
+// The tests compare them bit for bit with the CPU on two threads,
+// log_sigmoid at sizes that put the end of a thread's chunk inside a
+// vector (where a kernel with scalar tail code would differ).
 //
 // OpenMP's thread count is a per-thread setting, so lowering it on the
 // worker for one kernel touches no other thread. It is reached through the
