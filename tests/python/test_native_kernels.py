@@ -463,3 +463,61 @@ torch.phantom.synchronize()
     assert ("aten::_embedding_bag: the Meta kernel's answer is not the CPU kernel's"
             in result.stderr)
     assert "aten::cholesky: the trial run raised: cholesky: The factorization" in result.stderr
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_foreach_add_is_one_queued_kernel_and_matches_cpu(dtype):
+    # SGD's update on phantom: one native call for the whole list, no
+    # per-tensor add_, the CPU's bits (scalars, odd shapes and self-aliasing
+    # pairs included).
+    g = torch.Generator().manual_seed(7)
+    params = [torch.randn(s, generator=g).to(dtype) for s in [(3, 4), (7,), (2, 3, 5), ()]]
+    grads = [torch.randn(p.shape, generator=g).to(dtype) for p in params]
+    dev_params = [p.to("phantom") for p in params]
+    dev_grads = [x.to("phantom") for x in grads]
+    dev_grads[1] = dev_params[1]  # x.add_(x) in the list
+    grads[1] = params[1]
+    foreach_before, add_before = _native("aten::_foreach_add_"), _native("aten::add")
+    torch._foreach_add_(params, grads, alpha=-0.1)
+    torch._foreach_add_(dev_params, dev_grads, alpha=-0.1)
+    assert _native("aten::_foreach_add_") == foreach_before + 1
+    assert _native("aten::add") == add_before, "the list was split into add_ calls"
+    for got, expected in zip(dev_params, params):
+        assert torch.equal(got.cpu(), expected)
+
+
+def test_foreach_add_outside_the_native_case_keeps_the_cpus_behaviour():
+    before = _native("aten::_foreach_add_")
+    # A broadcast pair and an integer list take ATen's per-pair loop.
+    a, b = torch.randn(3, 4), torch.randn(4)
+    i, j = torch.arange(6), torch.arange(6)
+    da, db, di, dj = (t.to("phantom") for t in (a, b, i, j))
+    torch._foreach_add_([a], [b], alpha=2.0)
+    torch._foreach_add_([da], [db], alpha=2.0)
+    torch._foreach_add_([i], [j])
+    torch._foreach_add_([di], [dj])
+    assert torch.equal(da.cpu(), a) and torch.equal(di.cpu(), i)
+    assert _native("aten::_foreach_add_") == before
+    # Lists of different lengths: the CPU's error, at the call.
+    with pytest.raises(RuntimeError, match="same number of tensors"):
+        torch._foreach_add_([da], [db, db])
+
+
+def test_sgd_with_foreach_matches_the_cpu_bit_for_bit():
+    torch.manual_seed(3)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 2))
+    dev_model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 2))
+    dev_model.load_state_dict(model.state_dict())
+    dev_model.to("phantom")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, foreach=False)
+    dev_opt = torch.optim.SGD(dev_model.parameters(), lr=0.1, foreach=True)
+    x, y = torch.randn(8, 6), torch.randn(8, 2)
+    before = _native("aten::_foreach_add_")
+    for _ in range(3):
+        for m, o, inp, tgt in ((model, opt, x, y), (dev_model, dev_opt, x.to("phantom"), y.to("phantom"))):
+            o.zero_grad()
+            F.mse_loss(m(inp), tgt).backward()
+            o.step()
+    assert _native("aten::_foreach_add_") == before + 3
+    for got, expected in zip(dev_model.parameters(), model.parameters()):
+        assert torch.equal(got.detach().cpu(), expected.detach())

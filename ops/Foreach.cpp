@@ -1,0 +1,91 @@
+// A native kernel for torch._foreach_add_(self, other, alpha=...): the
+// parameter update of SGD (optimizers use the foreach form on phantom, as
+// on CUDA).
+//
+// ATen's kernel for devices without a fused one loops over the pairs and
+// calls self[i].add_(other[i], alpha=alpha) on each: on phantom, one queued
+// op per parameter, each paying the host's per-op cost (~2 µs here). A GPU
+// runs the whole list as one kernel launch, and so does this: the host
+// checks every pair, then queues one closure that runs the CPU's add_out
+// over each pair in order. The bits are the CPU's (its loop calls the same
+// kernel on the same pairs in the same order).
+//
+// Only pairs the CPU kernel can neither fail on nor resize are queued: both
+// plain phantom tensors on one device, the same sizes and the same
+// floating dtype, self dense and overlapping `other` only if it is the same
+// view. Any other list (a broadcast, a CPU tensor, integers, lists of
+// different lengths) goes to ATen's per-pair loop, which gives the CPU's
+// behaviour and errors.
+#include <phantom/Launch.h>
+#include <phantom/Stream.h>
+#include <phantom/ops/GenericPath.h>
+#include <phantom/ops/KernelAliases.h>
+#include <phantom/ops/OpsReport.h>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/_foreach_add_native.h>
+#include <ATen/ops/add_cpu_dispatch.h>
+#include <c10/core/DeviceGuard.h>
+#include <torch/library.h>
+
+#include <utility>
+#include <vector>
+
+namespace phantom {
+namespace {
+
+// self[i] may be written by a kernel that reads other[i]: dense, and
+// sharing memory with other[i] only as the very same view.
+bool updatable(const at::Tensor& self, const at::Tensor& other) {
+  if (!self.is_contiguous()) {
+    return false;
+  }
+  if (!self.storage().is_alias_of(other.storage())) {
+    return true;
+  }
+  return self.storage_offset() == other.storage_offset() &&
+         self.strides() == other.strides();
+}
+
+NativeOpCounter foreach_add_counter("aten::_foreach_add_");
+
+void foreachAddList(at::TensorList self, at::TensorList other,
+                    const at::Scalar& alpha) {
+  bool native = !self.empty() && self.size() == other.size() && !alpha.isComplex();
+  for (size_t i = 0; native && i < self.size(); ++i) {
+    const at::Tensor& s = self[i];
+    const at::Tensor& o = other[i];
+    native = isPlainPhantom(s) && isPlainPhantom(o) &&
+             s.device() == self[0].device() && o.device() == s.device() &&
+             s.scalar_type() == o.scalar_type() &&
+             c10::isFloatingType(s.scalar_type()) && s.sizes() == o.sizes() &&
+             updatable(s, o);
+  }
+  if (!native) {
+    at::native::foreach_tensor_add_list_kernel_slow_(self, other, alpha);
+    return;
+  }
+  foreach_add_counter.count();
+  const c10::Device device = self[0].device();
+  const c10::DeviceGuard guard(device);
+  std::vector<std::pair<DeviceTensorRef, DeviceTensorRef>> pairs;
+  pairs.reserve(self.size());
+  for (size_t i = 0; i < self.size(); ++i) {
+    pairs.emplace_back(DeviceTensorRef(self[i]), DeviceTensorRef(other[i]));
+  }
+  launchAsync(getCurrentPhantomStream(device.index()), foreach_add_counter.op(),
+              [pairs = std::move(pairs), alpha] {
+                KernelAliases aliases;
+                for (const auto& [s, o] : pairs) {
+                  at::Tensor out = aliases.alias(s);
+                  at::cpu::add_out(out, out, aliases.alias(o), alpha);
+                }
+              });
+}
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("_foreach_add_.List", TORCH_FN(foreachAddList));
+}
+
+}  // namespace
+}  // namespace phantom
