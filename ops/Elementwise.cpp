@@ -216,6 +216,11 @@ at::Tensor tryBinary(Binary op, const at::Tensor& self, const at::Tensor& other,
   if (!meta) {
     return {};
   }
+  // add and sub refuse a boolean or complex alpha for a floating result:
+  // the generic path raises that at the call.
+  if (alpha.isBoolean() || alpha.isComplex()) {
+    return {};
+  }
   const c10::DeviceGuard guard(*device);
   at::Tensor result;
   if (out.defined()) {

@@ -51,7 +51,10 @@ NativeOpCounter foreach_add_counter("aten::_foreach_add_");
 
 void foreachAddList(at::TensorList self, at::TensorList other,
                     const at::Scalar& alpha) {
-  bool native = !self.empty() && self.size() == other.size() && !alpha.isComplex();
+  // add_ refuses a complex or a boolean alpha for floating tensors: such a
+  // call takes the per-pair loop, which raises the CPU's error at the call.
+  bool native = !self.empty() && self.size() == other.size() &&
+                !alpha.isComplex() && !alpha.isBoolean();
   for (size_t i = 0; native && i < self.size(); ++i) {
     const at::Tensor& s = self[i];
     const at::Tensor& o = other[i];

@@ -498,9 +498,18 @@ def test_foreach_add_outside_the_native_case_keeps_the_cpus_behaviour():
     torch._foreach_add_([di], [dj])
     assert torch.equal(da.cpu(), a) and torch.equal(di.cpu(), i)
     assert _native("aten::_foreach_add_") == before
-    # Lists of different lengths: the CPU's error, at the call.
+    # Lists of different lengths and a boolean alpha: the CPU's errors, at
+    # the call.
     with pytest.raises(RuntimeError, match="same number of tensors"):
         torch._foreach_add_([da], [db, db])
+    x = torch.randn(4)
+    with pytest.raises(RuntimeError) as cpu_error:
+        torch._foreach_add_([x], [x.clone()], alpha=True)
+    dx = x.to("phantom")
+    with pytest.raises(RuntimeError) as error:
+        torch._foreach_add_([dx], [dx.clone()], alpha=True)
+    assert str(error.value) == str(cpu_error.value)
+    assert torch.equal(dx.cpu(), x)
 
 
 def test_sgd_with_foreach_matches_the_cpu_bit_for_bit():
@@ -521,3 +530,19 @@ def test_sgd_with_foreach_matches_the_cpu_bit_for_bit():
     assert _native("aten::_foreach_add_") == before + 3
     for got, expected in zip(dev_model.parameters(), model.parameters()):
         assert torch.equal(got.detach().cpu(), expected.detach())
+
+
+@pytest.mark.parametrize("op", ["add", "sub", "add_", "sub_"])
+@pytest.mark.parametrize("alpha", [True, 1j])
+def test_an_alpha_the_cpu_refuses_is_refused_at_the_call(op, alpha):
+    # Not queued for the worker to fail on later (a sticky device error at
+    # the next sync): the CPU's error, at the call, and the device goes on.
+    x, y = torch.randn(4), torch.randn(4)
+    with pytest.raises(RuntimeError) as cpu_error:
+        getattr(x.clone(), op)(y, alpha=alpha)
+    dx, dy = x.to("phantom"), y.to("phantom")
+    with pytest.raises(RuntimeError) as error:
+        getattr(dx, op)(dy, alpha=alpha)
+    assert str(error.value) == str(cpu_error.value)
+    torch.phantom.synchronize()
+    assert torch.equal(dx.cpu(), x)
