@@ -1,21 +1,23 @@
-// A native kernel for torch._foreach_add_(self, other, alpha=...): the
-// parameter update of SGD (optimizers use the foreach form on phantom, as
-// on CUDA).
+// Native kernels for torch._foreach_add_(self, other, alpha=...), the
+// parameter update of SGD, and torch._foreach_mul_(self, scalar), its
+// momentum decay (optimizers use the foreach form on phantom, as on CUDA).
 //
-// ATen's kernel for devices without a fused one loops over the pairs and
-// calls self[i].add_(other[i], alpha=alpha) on each: on phantom, one queued
-// op per parameter, each paying the host's per-op cost (~2 µs here). A GPU
-// runs the whole list as one kernel launch, and so does this: the host
-// checks every pair, then queues one closure that runs the CPU's add_out
-// over each pair in order. The bits are the CPU's (its loop calls the same
-// kernel on the same pairs in the same order).
+// ATen's kernel for devices without a fused one loops over the tensors and
+// calls self[i].add_(other[i], alpha=alpha) (or self[i].mul_(scalar)) on
+// each: on phantom, one queued op per parameter, each paying the host's
+// per-op cost (~2 µs here). A GPU runs the whole list as one kernel
+// launch, and so does this: the host checks every tensor, then queues one
+// closure that runs the CPU's own foreach kernel (the same loop) over CPU
+// aliases of the whole list, so the bits are the CPU's. (They are not
+// always those of mul_ per tensor: for bfloat16 the CPU's foreach
+// multiplies by the scalar rounded to the tensors' dtype.)
 //
-// Only pairs the CPU kernel can neither fail on nor resize are queued: both
-// plain phantom tensors on one device, the same sizes and the same
-// floating dtype, self dense and overlapping `other` only if it is the same
-// view. Any other list (a broadcast, a CPU tensor, integers, lists of
-// different lengths) goes to ATen's per-pair loop, which gives the CPU's
-// behaviour and errors.
+// Only what the CPU kernel can neither fail on nor resize is queued: plain
+// phantom tensors on one device, dense, of one floating dtype per pair,
+// pairs of the same sizes, self overlapping `other` only as the same view,
+// and a real, non-boolean alpha or scalar. Any other list (a broadcast, a
+// CPU tensor, integers, lists of different lengths) goes to ATen's loop,
+// which gives the CPU's behaviour and errors.
 #include <phantom/Launch.h>
 #include <phantom/Stream.h>
 #include <phantom/ops/GenericPath.h>
@@ -24,7 +26,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/_foreach_add_native.h>
-#include <ATen/ops/add_cpu_dispatch.h>
+#include <ATen/ops/_foreach_mul_native.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
@@ -79,15 +81,54 @@ void foreachAddList(at::TensorList self, at::TensorList other,
   launchAsync(getCurrentPhantomStream(device.index()), foreach_add_counter.op(),
               [pairs = std::move(pairs), alpha] {
                 KernelAliases aliases;
+                std::vector<at::Tensor> self_aliases, other_aliases;
+                self_aliases.reserve(pairs.size());
+                other_aliases.reserve(pairs.size());
                 for (const auto& [s, o] : pairs) {
-                  at::Tensor out = aliases.alias(s);
-                  at::cpu::add_out(out, out, aliases.alias(o), alpha);
+                  self_aliases.push_back(aliases.alias(s));
+                  other_aliases.push_back(aliases.alias(o));
                 }
+                at::native::foreach_tensor_add_list_kernel_slow_(self_aliases, other_aliases,
+                                                                 alpha);
+              });
+}
+
+NativeOpCounter foreach_mul_counter("aten::_foreach_mul_");
+
+void foreachMulScalar(at::TensorList self, const at::Scalar& scalar) {
+  bool native = !self.empty() && !scalar.isComplex() && !scalar.isBoolean();
+  for (size_t i = 0; native && i < self.size(); ++i) {
+    const at::Tensor& s = self[i];
+    native = isPlainPhantom(s) && s.device() == self[0].device() &&
+             c10::isFloatingType(s.scalar_type()) && s.is_contiguous();
+  }
+  if (!native) {
+    at::native::foreach_tensor_mul_scalar_kernel_slow_(self, scalar);
+    return;
+  }
+  foreach_mul_counter.count();
+  const c10::Device device = self[0].device();
+  const c10::DeviceGuard guard(device);
+  std::vector<DeviceTensorRef> tensors;
+  tensors.reserve(self.size());
+  for (const at::Tensor& s : self) {
+    tensors.emplace_back(s);
+  }
+  launchAsync(getCurrentPhantomStream(device.index()), foreach_mul_counter.op(),
+              [tensors = std::move(tensors), scalar] {
+                KernelAliases aliases;
+                std::vector<at::Tensor> cpu;
+                cpu.reserve(tensors.size());
+                for (const DeviceTensorRef& t : tensors) {
+                  cpu.push_back(aliases.alias(t));
+                }
+                at::native::foreach_tensor_mul_scalar_kernel_slow_(cpu, scalar);
               });
 }
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_foreach_add_.List", TORCH_FN(foreachAddList));
+  m.impl("_foreach_mul_.Scalar", TORCH_FN(foreachMulScalar));
 }
 
 }  // namespace

@@ -512,22 +512,60 @@ def test_foreach_add_outside_the_native_case_keeps_the_cpus_behaviour():
     assert torch.equal(dx.cpu(), x)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("scalar", [0.9, 3, -1e-3])
+def test_foreach_mul_is_one_queued_kernel_and_matches_cpu(dtype, scalar):
+    g = torch.Generator().manual_seed(11)
+    bufs = [torch.randn(s, generator=g).to(dtype) for s in [(3, 4), (7,), (2, 3, 5), ()]]
+    dev_bufs = [b.to("phantom") for b in bufs]
+    foreach_before, mul_before = _native("aten::_foreach_mul_"), _native("aten::mul")
+    torch._foreach_mul_(bufs, scalar)
+    torch._foreach_mul_(dev_bufs, scalar)
+    assert _native("aten::_foreach_mul_") == foreach_before + 1
+    assert _native("aten::mul") == mul_before, "the list was split into mul_ calls"
+    for got, expected in zip(dev_bufs, bufs):
+        assert torch.equal(got.cpu(), expected)
+
+
+def test_foreach_mul_outside_the_native_case_keeps_the_cpus_behaviour():
+    before = _native("aten::_foreach_mul_")
+    ints, strided = torch.arange(6), torch.randn(4, 6).t()
+    d_ints, d_strided = ints.to("phantom"), strided.to("phantom").t().contiguous().t()
+    torch._foreach_mul_([ints], 2)
+    torch._foreach_mul_([d_ints], 2)
+    torch._foreach_mul_([strided], 0.5)
+    torch._foreach_mul_([d_strided], 0.5)
+    assert torch.equal(d_ints.cpu(), ints) and torch.equal(d_strided.cpu(), strided)
+    assert _native("aten::_foreach_mul_") == before
+    x = torch.randn(3)
+    with pytest.raises(RuntimeError) as cpu_error:
+        torch._foreach_mul_([x], 1j)
+    dx = x.to("phantom")
+    with pytest.raises(RuntimeError) as error:
+        torch._foreach_mul_([dx], 1j)
+    assert str(error.value) == str(cpu_error.value)
+    assert torch.equal(dx.cpu(), x)
+
+
 def test_sgd_with_foreach_matches_the_cpu_bit_for_bit():
     torch.manual_seed(3)
     model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 2))
     dev_model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 2))
     dev_model.load_state_dict(model.state_dict())
     dev_model.to("phantom")
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, foreach=False)
-    dev_opt = torch.optim.SGD(dev_model.parameters(), lr=0.1, foreach=True)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, foreach=False)
+    dev_opt = torch.optim.SGD(dev_model.parameters(), lr=0.1, momentum=0.9, foreach=True)
     x, y = torch.randn(8, 6), torch.randn(8, 2)
-    before = _native("aten::_foreach_add_")
+    before = _native("aten::_foreach_add_"), _native("aten::_foreach_mul_")
     for _ in range(3):
         for m, o, inp, tgt in ((model, opt, x, y), (dev_model, dev_opt, x.to("phantom"), y.to("phantom"))):
             o.zero_grad()
             F.mse_loss(m(inp), tgt).backward()
             o.step()
-    assert _native("aten::_foreach_add_") == before + 3
+    # Per step: the update (add_), and from the second step on the
+    # momentum buffers' decay (mul_) and their update (add_).
+    assert _native("aten::_foreach_add_") == before[0] + 5
+    assert _native("aten::_foreach_mul_") == before[1] + 2
     for got, expected in zip(dev_model.parameters(), model.parameters()):
         assert torch.equal(got.detach().cpu(), expected.detach())
 
