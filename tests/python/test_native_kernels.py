@@ -20,6 +20,20 @@ def _rand(*shape, dtype=torch.float32):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(sum(shape)), dtype=dtype)
 
 
+def _refused_at_the_call_like_the_cpu(call, x, *others):
+    """`call(x, *others)` raises on the CPU; on phantom it must raise the
+    same error at the call (not queue work that fails at the next sync) and
+    leave `x` as it was."""
+    with pytest.raises(RuntimeError) as cpu_error:
+        call(x.clone(), *others)
+    dx = x.to("phantom")
+    with pytest.raises(RuntimeError) as error:
+        call(dx, *(o.to("phantom") for o in others))
+    assert str(error.value) == str(cpu_error.value)
+    torch.phantom.synchronize()
+    assert torch.equal(dx.cpu(), x)
+
+
 CASES = [
     ("aten::mm", lambda a, b, c: a @ b.t(), ((6, 5), (4, 5), (4,))),
     ("aten::bmm", lambda a, b, c: torch.bmm(a, b), ((3, 4, 5), (3, 5, 2), (2,))),
@@ -502,14 +516,8 @@ def test_foreach_add_outside_the_native_case_keeps_the_cpus_behaviour():
     # the call.
     with pytest.raises(RuntimeError, match="same number of tensors"):
         torch._foreach_add_([da], [db, db])
-    x = torch.randn(4)
-    with pytest.raises(RuntimeError) as cpu_error:
-        torch._foreach_add_([x], [x.clone()], alpha=True)
-    dx = x.to("phantom")
-    with pytest.raises(RuntimeError) as error:
-        torch._foreach_add_([dx], [dx.clone()], alpha=True)
-    assert str(error.value) == str(cpu_error.value)
-    assert torch.equal(dx.cpu(), x)
+    _refused_at_the_call_like_the_cpu(
+        lambda x, y: torch._foreach_add_([x], [y], alpha=True), torch.randn(4), torch.randn(4))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
@@ -530,21 +538,15 @@ def test_foreach_mul_is_one_queued_kernel_and_matches_cpu(dtype, scalar):
 def test_foreach_mul_outside_the_native_case_keeps_the_cpus_behaviour():
     before = _native("aten::_foreach_mul_")
     ints, strided = torch.arange(6), torch.randn(4, 6).t()
-    d_ints, d_strided = ints.to("phantom"), strided.to("phantom").t().contiguous().t()
+    d_ints, d_strided = ints.to("phantom"), strided.to("phantom")  # keeps the strides
+    assert not d_strided.is_contiguous()
     torch._foreach_mul_([ints], 2)
     torch._foreach_mul_([d_ints], 2)
     torch._foreach_mul_([strided], 0.5)
     torch._foreach_mul_([d_strided], 0.5)
     assert torch.equal(d_ints.cpu(), ints) and torch.equal(d_strided.cpu(), strided)
     assert _native("aten::_foreach_mul_") == before
-    x = torch.randn(3)
-    with pytest.raises(RuntimeError) as cpu_error:
-        torch._foreach_mul_([x], 1j)
-    dx = x.to("phantom")
-    with pytest.raises(RuntimeError) as error:
-        torch._foreach_mul_([dx], 1j)
-    assert str(error.value) == str(cpu_error.value)
-    assert torch.equal(dx.cpu(), x)
+    _refused_at_the_call_like_the_cpu(lambda x: torch._foreach_mul_([x], 1j), torch.randn(3))
 
 
 def test_sgd_with_foreach_matches_the_cpu_bit_for_bit():
@@ -575,12 +577,5 @@ def test_sgd_with_foreach_matches_the_cpu_bit_for_bit():
 def test_an_alpha_the_cpu_refuses_is_refused_at_the_call(op, alpha):
     # Not queued for the worker to fail on later (a sticky device error at
     # the next sync): the CPU's error, at the call, and the device goes on.
-    x, y = torch.randn(4), torch.randn(4)
-    with pytest.raises(RuntimeError) as cpu_error:
-        getattr(x.clone(), op)(y, alpha=alpha)
-    dx, dy = x.to("phantom"), y.to("phantom")
-    with pytest.raises(RuntimeError) as error:
-        getattr(dx, op)(dy, alpha=alpha)
-    assert str(error.value) == str(cpu_error.value)
-    torch.phantom.synchronize()
-    assert torch.equal(dx.cpu(), x)
+    _refused_at_the_call_like_the_cpu(
+        lambda x, y: getattr(x, op)(y, alpha=alpha), torch.randn(4), torch.randn(4))
