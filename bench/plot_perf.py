@@ -126,9 +126,10 @@ def markdown(data):
         control = any("control_ratio" in r for r in part)
         print(f"| {bench} | phantom | CPU | phantom/CPU | target |"
               + (" noise floor (CPU copy 2 / copy 1) |" if control else "")
-              + (" CPU alone (own process, OpenMP default) | phantom/that |" if alone else ""))
+              + (" CPU alone | phantom alone | phantom/CPU, each alone |"
+                 " phantom alone, backward on the caller: ratio |" if alone else ""))
         print("|---|---:|---:|---:|---|" + ("---:|" if control else "")
-              + ("---:|---:|" if alone else ""))
+              + ("---:|---:|---:|---:|" if alone else ""))
         for r in part:
             target = r.get("target") or "(not judged)"
             met = "" if "met" not in r else (" met" if r["met"] else " **not met**")
@@ -137,8 +138,15 @@ def markdown(data):
                 extra += (f" {r['control_ratio']:.2f} |" if "control_ratio" in r
                           else " |")
             if alone:
-                a = r.get("cpu_alone_s")
-                extra += (f" {fmt(a)} | {r['phantom_s'] / a:.2f} |" if a else " ? | ? |")
+                a, pa, ar = r.get("cpu_alone_s"), r.get("phantom_alone_s"), r.get("alone_ratio")
+                extra += f" {fmt(a) if a else '?'} |"
+                extra += (f" {fmt(pa)} | {ar:.2f}{' met' if r.get('met_alone') else ' **not met**'} |"
+                          if pa and ar else
+                          # results of the suite before it ran phantom alone
+                          f" - | (phantom in the suite / that: {r['phantom_s'] / a:.2f}) |"
+                          if a else " ? | ? |")
+                car = r.get("caller_alone_ratio")
+                extra += f" {car:.2f} |" if car else " - |"
             print(f"| {r['case']} | {fmt(r['phantom_s'])} | {fmt(r['cpu_s'])} | "
                   f"{r['ratio']:.2f} | {target}{met} |" + extra)
         print()
