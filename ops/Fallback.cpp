@@ -357,7 +357,12 @@ TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
 //     phantom; its CPU kernel is this very composite, which on CPU aliases
 //     passes the check;
 //   conj_physical_: calls a DispatchStub directly with phantom tensors,
-//     which has no phantom entry ("DispatchStub: missing kernel").
+//     which has no phantom entry ("DispatchStub: missing kernel");
+//   mse_loss, smooth_l1_loss: the composite allocates the 0-d result of a
+//     reduced loss and calls the .out op, whose CPU kernel first gives its
+//     output the inputs' shape, so it warns that "an output with one or
+//     more elements was resized" at every call, which the CPU's own call
+//     never does.
 // The generic path runs each op's computed CPU kernel, which for the ops
 // without a CPU kernel of their own is the same composite, over CPU aliases.
 // (native_layer_norm has a native kernel, LayerNorm.cpp, which sends the
@@ -365,7 +370,8 @@ TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   for (const char* name :
        {"native_group_norm", "addr", "addr.out",
-        "addr_", "mode.values", "conj_physical_"}) {
+        "addr_", "mode.values", "conj_physical_", "mse_loss",
+        "smooth_l1_loss"}) {
     m.impl(name, torch::CppFunction::makeFromBoxedFunction<&genericFallback>());
   }
 }

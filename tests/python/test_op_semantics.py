@@ -178,6 +178,35 @@ def test_lu_solve_right_side_complex(adjoint):
         torch.testing.assert_close(out.cpu(), expected)
 
 
+# --------------------------------------------------------------------------
+# A reduced mse_loss or smooth_l1_loss warned on phantom ("An output with one
+# or more elements was resized") at every call, on the host and then from
+# the worker; on the CPU it never does. Its composite called the .out op.
+# --------------------------------------------------------------------------
+
+
+def test_reduced_losses_warn_no_more_than_on_the_cpu():
+    # In a child: the worker's warnings go to stderr, not to Python.
+    code = """
+import warnings, torch, torch_phantom
+import torch.nn.functional as F
+warnings.simplefilter("error")  # a warning at the call fails the child
+x = torch.rand(8, 2, generator=torch.Generator().manual_seed(0))
+y = torch.rand(8, 2, generator=torch.Generator().manual_seed(1))
+for loss in (F.mse_loss, F.smooth_l1_loss):
+    for reduction in ("mean", "sum"):
+        expected = loss(x, y, reduction=reduction)
+        for _ in range(4):  # the first calls and the remembered ones
+            got = loss(x.to("phantom"), y.to("phantom"), reduction=reduction)
+        torch.testing.assert_close(got.cpu(), expected, rtol=0, atol=0)
+torch.phantom.synchronize()
+print("ok")
+"""
+    result = run_python(code)
+    assert result.returncode == 0 and "ok" in result.stdout, result.stderr
+    assert "was resized" not in result.stderr, result.stderr
+
+
 def test_fixes_hold_on_the_synchronous_path():
     # PHANTOM_SYNC_GENERIC=1 sends every generic op down the waiting half.
     code = """
