@@ -1,23 +1,27 @@
-// Native kernels for torch._foreach_add_(self, other, alpha=...), the
-// parameter update of SGD, and torch._foreach_mul_(self, scalar), its
-// momentum decay (optimizers use the foreach form on phantom, as on CUDA).
+// Native kernels for the foreach ops that PyTorch's optimizers use on
+// phantom (the foreach form, as on CUDA): SGD's update and momentum
+// (_foreach_add_, _foreach_mul_) and Adam's moments, denominator and
+// update (_foreach_lerp_, _foreach_addcmul_, _foreach_sqrt,
+// _foreach_div_, _foreach_add_ of a scalar, _foreach_addcdiv_).
 //
 // ATen's kernel for devices without a fused one loops over the tensors and
-// calls self[i].add_(other[i], alpha=alpha) (or self[i].mul_(scalar)) on
-// each: on phantom, one queued op per parameter, each paying the host's
-// per-op cost (~2 µs here). A GPU runs the whole list as one kernel
-// launch, and so does this: the host checks every tensor, then queues one
-// closure that runs the CPU's own foreach kernel (the same loop) over CPU
-// aliases of the whole list, so the bits are the CPU's. (They are not
-// always those of mul_ per tensor: for bfloat16 the CPU's foreach
-// multiplies by the scalar rounded to the tensors' dtype.)
+// calls the per-tensor op on each (self[i].add_(other[i], alpha), ...): on
+// phantom, one queued op per parameter, each paying the host's per-op cost
+// (~2 µs here), seven times per parameter for Adam. A GPU runs the whole
+// list as one kernel launch, and so does this: the host checks every
+// tensor, then queues one closure that runs the CPU's own foreach kernel
+// (the same loop) over CPU aliases of the whole lists, so the bits are the
+// CPU's. (They are not always those of the per-tensor op: for bfloat16 the
+// CPU's foreach multiplies by the scalar rounded to the tensors' dtype.)
 //
-// Only what the CPU kernel can neither fail on nor resize is queued: plain
-// phantom tensors on one device, dense, of one floating dtype per pair,
-// pairs of the same sizes, self overlapping `other` only as the same view,
-// and a real, non-boolean alpha or scalar. Any other list (a broadcast, a
-// CPU tensor, integers, lists of different lengths) goes to ATen's loop,
-// which gives the CPU's behaviour and errors.
+// Only what the CPU kernel can neither fail on nor resize is queued
+// (queueable below): plain phantom tensors on one device, lists of one
+// length, the tensors at one position of one floating dtype and sizes, the
+// written tensor dense and overlapping another only as the very same view,
+// and real, non-boolean scalars (one per tensor for a scalar list). Any
+// other call (a broadcast, a CPU tensor, integers, lists of different
+// lengths, a complex scalar) goes to ATen's loop, which gives the CPU's
+// behaviour and errors at the call.
 #include <phantom/Launch.h>
 #include <phantom/Stream.h>
 #include <phantom/ops/GenericPath.h>
@@ -26,10 +30,18 @@
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/_foreach_add_native.h>
+#include <ATen/ops/_foreach_addcdiv_native.h>
+#include <ATen/ops/_foreach_addcmul_native.h>
+#include <ATen/ops/_foreach_div_native.h>
+#include <ATen/ops/_foreach_lerp_native.h>
 #include <ATen/ops/_foreach_mul_native.h>
+#include <ATen/ops/_foreach_sqrt_native.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/sqrt.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
+#include <initializer_list>
 #include <utility>
 #include <vector>
 
@@ -49,86 +61,232 @@ bool updatable(const at::Tensor& self, const at::Tensor& other) {
          self.strides() == other.strides();
 }
 
+// Whether the CPU's foreach kernel can run over aliases of these lists
+// without failing or resizing: `self` is written, `inputs` are read.
+bool queueable(at::TensorList self,
+               std::initializer_list<at::TensorList> inputs) {
+  if (self.empty()) {
+    return false;
+  }
+  const c10::Device device = self[0].device();
+  for (const at::TensorList input : inputs) {
+    if (input.size() != self.size()) {
+      return false;
+    }
+  }
+  for (size_t i = 0; i < self.size(); ++i) {
+    const at::Tensor& s = self[i];
+    if (!isPlainPhantom(s) || s.device() != device ||
+        !c10::isFloatingType(s.scalar_type()) || !s.is_contiguous()) {
+      return false;
+    }
+    for (const at::TensorList input : inputs) {
+      const at::Tensor& o = input[i];
+      if (!isPlainPhantom(o) || o.device() != device ||
+          o.scalar_type() != s.scalar_type() || o.sizes() != s.sizes() ||
+          !updatable(s, o)) {
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+// The per-tensor ops refuse a complex or a boolean scalar for floating
+// tensors (or treat it differently): such a call takes ATen's loop.
+bool realScalar(const at::Scalar& scalar) {
+  return !scalar.isComplex() && !scalar.isBoolean();
+}
+
+bool realScalars(at::ArrayRef<at::Scalar> scalars, size_t count) {
+  if (scalars.size() != count) {
+    return false;
+  }
+  for (const at::Scalar& scalar : scalars) {
+    if (!realScalar(scalar)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+using Lists = std::vector<std::vector<at::Tensor>>;
+
+// Queues kernel(lists) on the current stream of lists[0][0]'s device, where
+// `lists` are CPU aliases of `lists` as given (the written list first).
+template <typename Kernel>
+void launchForeach(NativeOpCounter& counter,
+                   std::initializer_list<at::TensorList> lists,
+                   Kernel kernel) {
+  counter.count();
+  const c10::Device device = lists.begin()->front().device();
+  const c10::DeviceGuard guard(device);
+  std::vector<std::vector<DeviceTensorRef>> refs;
+  refs.reserve(lists.size());
+  for (const at::TensorList list : lists) {
+    std::vector<DeviceTensorRef>& list_refs = refs.emplace_back();
+    list_refs.reserve(list.size());
+    for (const at::Tensor& t : list) {
+      list_refs.emplace_back(t);
+    }
+  }
+  launchAsync(getCurrentPhantomStream(device.index()), counter.op(),
+              [refs = std::move(refs), kernel = std::move(kernel)] {
+                KernelAliases aliases;
+                Lists cpu(refs.size());
+                for (size_t k = 0; k < refs.size(); ++k) {
+                  cpu[k].reserve(refs[k].size());
+                  for (const DeviceTensorRef& ref : refs[k]) {
+                    cpu[k].push_back(aliases.alias(ref));
+                  }
+                }
+                kernel(cpu);
+              });
+}
+
 NativeOpCounter foreach_add_counter("aten::_foreach_add_");
 
 void foreachAddList(at::TensorList self, at::TensorList other,
                     const at::Scalar& alpha) {
-  // add_ refuses a complex or a boolean alpha for floating tensors: such a
-  // call takes the per-pair loop, which raises the CPU's error at the call.
-  bool native = !self.empty() && self.size() == other.size() &&
-                !alpha.isComplex() && !alpha.isBoolean();
-  for (size_t i = 0; native && i < self.size(); ++i) {
-    const at::Tensor& s = self[i];
-    const at::Tensor& o = other[i];
-    native = isPlainPhantom(s) && isPlainPhantom(o) &&
-             s.device() == self[0].device() && o.device() == s.device() &&
-             s.scalar_type() == o.scalar_type() &&
-             c10::isFloatingType(s.scalar_type()) && s.sizes() == o.sizes() &&
-             updatable(s, o);
-  }
-  if (!native) {
+  if (!realScalar(alpha) || !queueable(self, {other})) {
     at::native::foreach_tensor_add_list_kernel_slow_(self, other, alpha);
     return;
   }
-  foreach_add_counter.count();
-  const c10::Device device = self[0].device();
-  const c10::DeviceGuard guard(device);
-  std::vector<std::pair<DeviceTensorRef, DeviceTensorRef>> pairs;
-  pairs.reserve(self.size());
-  for (size_t i = 0; i < self.size(); ++i) {
-    pairs.emplace_back(DeviceTensorRef(self[i]), DeviceTensorRef(other[i]));
+  launchForeach(foreach_add_counter, {self, other}, [alpha](Lists& t) {
+    at::native::foreach_tensor_add_list_kernel_slow_(t[0], t[1], alpha);
+  });
+}
+
+void foreachAddScalar(at::TensorList self, const at::Scalar& scalar) {
+  if (!realScalar(scalar) || !queueable(self, {})) {
+    at::native::foreach_tensor_add_scalar_kernel_slow_(self, scalar);
+    return;
   }
-  launchAsync(getCurrentPhantomStream(device.index()), foreach_add_counter.op(),
-              [pairs = std::move(pairs), alpha] {
-                KernelAliases aliases;
-                std::vector<at::Tensor> self_aliases, other_aliases;
-                self_aliases.reserve(pairs.size());
-                other_aliases.reserve(pairs.size());
-                for (const auto& [s, o] : pairs) {
-                  self_aliases.push_back(aliases.alias(s));
-                  other_aliases.push_back(aliases.alias(o));
-                }
-                at::native::foreach_tensor_add_list_kernel_slow_(self_aliases, other_aliases,
-                                                                 alpha);
-              });
+  launchForeach(foreach_add_counter, {self}, [scalar](Lists& t) {
+    at::native::foreach_tensor_add_scalar_kernel_slow_(t[0], scalar);
+  });
 }
 
 NativeOpCounter foreach_mul_counter("aten::_foreach_mul_");
 
 void foreachMulScalar(at::TensorList self, const at::Scalar& scalar) {
-  bool native = !self.empty() && !scalar.isComplex() && !scalar.isBoolean();
-  for (size_t i = 0; native && i < self.size(); ++i) {
-    const at::Tensor& s = self[i];
-    native = isPlainPhantom(s) && s.device() == self[0].device() &&
-             c10::isFloatingType(s.scalar_type()) && s.is_contiguous();
-  }
-  if (!native) {
+  if (!realScalar(scalar) || !queueable(self, {})) {
     at::native::foreach_tensor_mul_scalar_kernel_slow_(self, scalar);
     return;
   }
-  foreach_mul_counter.count();
-  const c10::Device device = self[0].device();
-  const c10::DeviceGuard guard(device);
-  std::vector<DeviceTensorRef> tensors;
-  tensors.reserve(self.size());
-  for (const at::Tensor& s : self) {
-    tensors.emplace_back(s);
+  launchForeach(foreach_mul_counter, {self}, [scalar](Lists& t) {
+    at::native::foreach_tensor_mul_scalar_kernel_slow_(t[0], scalar);
+  });
+}
+
+NativeOpCounter foreach_div_counter("aten::_foreach_div_");
+
+void foreachDivScalarList(at::TensorList self,
+                          at::ArrayRef<at::Scalar> scalars) {
+  if (!realScalars(scalars, self.size()) || !queueable(self, {})) {
+    at::native::foreach_tensor_div_scalarlist_kernel_slow_(self, scalars);
+    return;
   }
-  launchAsync(getCurrentPhantomStream(device.index()), foreach_mul_counter.op(),
-              [tensors = std::move(tensors), scalar] {
-                KernelAliases aliases;
-                std::vector<at::Tensor> cpu;
-                cpu.reserve(tensors.size());
-                for (const DeviceTensorRef& t : tensors) {
-                  cpu.push_back(aliases.alias(t));
-                }
-                at::native::foreach_tensor_mul_scalar_kernel_slow_(cpu, scalar);
-              });
+  launchForeach(foreach_div_counter, {self},
+                [scalars = scalars.vec()](Lists& t) {
+                  at::native::foreach_tensor_div_scalarlist_kernel_slow_(
+                      t[0], scalars);
+                });
+}
+
+NativeOpCounter foreach_lerp_counter("aten::_foreach_lerp_");
+
+void foreachLerpScalar(at::TensorList self, at::TensorList end,
+                       const at::Scalar& weight) {
+  if (!realScalar(weight) || !queueable(self, {end})) {
+    at::native::foreach_tensor_lerp_list_kernel_slow_(self, end, weight);
+    return;
+  }
+  launchForeach(foreach_lerp_counter, {self, end}, [weight](Lists& t) {
+    at::native::foreach_tensor_lerp_list_kernel_slow_(t[0], t[1], weight);
+  });
+}
+
+NativeOpCounter foreach_addcmul_counter("aten::_foreach_addcmul_");
+
+void foreachAddcmulScalar(at::TensorList self, at::TensorList tensor1,
+                          at::TensorList tensor2, const at::Scalar& value) {
+  if (!realScalar(value) || !queueable(self, {tensor1, tensor2})) {
+    at::native::foreach_tensor_addcmul_scalar_slow_(self, tensor1, tensor2,
+                                                    value);
+    return;
+  }
+  launchForeach(foreach_addcmul_counter, {self, tensor1, tensor2},
+                [value](Lists& t) {
+                  at::native::foreach_tensor_addcmul_scalar_slow_(
+                      t[0], t[1], t[2], value);
+                });
+}
+
+NativeOpCounter foreach_addcdiv_counter("aten::_foreach_addcdiv_");
+
+void foreachAddcdivScalar(at::TensorList self, at::TensorList tensor1,
+                          at::TensorList tensor2, const at::Scalar& value) {
+  if (!realScalar(value) || !queueable(self, {tensor1, tensor2})) {
+    at::native::foreach_tensor_addcdiv_scalar_slow_(self, tensor1, tensor2,
+                                                    value);
+    return;
+  }
+  launchForeach(foreach_addcdiv_counter, {self, tensor1, tensor2},
+                [value](Lists& t) {
+                  at::native::foreach_tensor_addcdiv_scalar_slow_(
+                      t[0], t[1], t[2], value);
+                });
+}
+
+void foreachAddcdivScalarList(at::TensorList self, at::TensorList tensor1,
+                              at::TensorList tensor2,
+                              at::ArrayRef<at::Scalar> scalars) {
+  if (!realScalars(scalars, self.size()) ||
+      !queueable(self, {tensor1, tensor2})) {
+    at::native::foreach_tensor_addcdiv_scalarlist_slow_(self, tensor1,
+                                                        tensor2, scalars);
+    return;
+  }
+  launchForeach(foreach_addcdiv_counter, {self, tensor1, tensor2},
+                [scalars = scalars.vec()](Lists& t) {
+                  at::native::foreach_tensor_addcdiv_scalarlist_slow_(
+                      t[0], t[1], t[2], scalars);
+                });
+}
+
+NativeOpCounter foreach_sqrt_counter("aten::_foreach_sqrt");
+
+// Out of place: the results are allocated here, on the host, and the
+// worker writes each with the CPU's sqrt kernel (the CPU's foreach_sqrt
+// is t.sqrt() per tensor: the same kernel, into a tensor of its own).
+std::vector<at::Tensor> foreachSqrt(at::TensorList self) {
+  if (!queueable(self, {})) {
+    return at::native::foreach_tensor_sqrt_slow(self);
+  }
+  std::vector<at::Tensor> results;
+  results.reserve(self.size());
+  for (const at::Tensor& t : self) {
+    results.push_back(at::empty_like(t));
+  }
+  launchForeach(foreach_sqrt_counter, {results, self}, [](Lists& t) {
+    for (size_t i = 0; i < t[0].size(); ++i) {
+      at::sqrt_out(t[0][i], t[1][i]);
+    }
+  });
+  return results;
 }
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_foreach_add_.List", TORCH_FN(foreachAddList));
+  m.impl("_foreach_add_.Scalar", TORCH_FN(foreachAddScalar));
   m.impl("_foreach_mul_.Scalar", TORCH_FN(foreachMulScalar));
+  m.impl("_foreach_div_.ScalarList", TORCH_FN(foreachDivScalarList));
+  m.impl("_foreach_lerp_.Scalar", TORCH_FN(foreachLerpScalar));
+  m.impl("_foreach_addcmul_.Scalar", TORCH_FN(foreachAddcmulScalar));
+  m.impl("_foreach_addcdiv_.Scalar", TORCH_FN(foreachAddcdivScalar));
+  m.impl("_foreach_addcdiv_.ScalarList", TORCH_FN(foreachAddcdivScalarList));
+  m.impl("_foreach_sqrt", TORCH_FN(foreachSqrt));
 }
 
 }  // namespace

@@ -16,6 +16,12 @@ def _native(op):
     return sum(r["native"] for r in torch_phantom.ops_report() if r["op"] == op)
 
 
+def _calls(op):
+    """Calls of `op` on any path: native, or generic (queued or waited)."""
+    return sum(r["native"] + r["async"] + r["sync"]
+               for r in torch_phantom.ops_report() if r["op"] == op)
+
+
 def _rand(*shape, dtype=torch.float32):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(sum(shape)), dtype=dtype)
 
@@ -571,6 +577,93 @@ def test_sgd_with_foreach_matches_the_cpu_bit_for_bit():
     # momentum buffers' decay (mul_) and their update (add_).
     assert _native("aten::_foreach_add_") == before[0] + 5
     assert _native("aten::_foreach_mul_") == before[1] + 2
+    for got, expected in zip(dev_model.parameters(), model.parameters()):
+        assert torch.equal(got.detach().cpu(), expected.detach())
+
+
+# Adam's foreach ops (and two overloads of the same kernels): each call is
+# one native kernel, and the CPU's bits. `call(lists, scalars)` gets
+# lists[0] (written), lists[1], lists[2] and one scalar per tensor.
+ADAM_FOREACH = {
+    "_foreach_lerp_": lambda t, s: torch._foreach_lerp_(t[0], t[1], 0.1),
+    "_foreach_addcmul_": lambda t, s: torch._foreach_addcmul_(t[0], t[1], t[2], 0.001),
+    "_foreach_addcdiv_": lambda t, s: torch._foreach_addcdiv_(t[0], t[1], t[2], s),
+    "_foreach_addcdiv_ (one scalar)": lambda t, s: torch._foreach_addcdiv_(t[0], t[1], t[2], -0.5),
+    "_foreach_div_": lambda t, s: torch._foreach_div_(t[0], s),
+    "_foreach_add_ (one scalar)": lambda t, s: torch._foreach_add_(t[0], 1e-8),
+    "_foreach_sqrt": lambda t, s: torch._foreach_sqrt(t[0]),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("name", list(ADAM_FOREACH))
+def test_adams_foreach_ops_are_one_queued_kernel_and_match_cpu(name, dtype):
+    g = torch.Generator().manual_seed(5)
+    shapes = [(3, 4), (7,), (2, 3, 5), ()]
+    # Positive, so that sqrt and the divisions stay finite.
+    lists = [[(torch.rand(s, generator=g) + 0.5).to(dtype) for s in shapes] for _ in range(3)]
+    scalars = [0.9, -2.0, 1e-3, 3]
+    dev_lists = [[t.to("phantom") for t in ts] for ts in lists]
+    op = "aten::" + name.split()[0]
+    before = _native(op)
+    expected = ADAM_FOREACH[name](lists, scalars)
+    got = ADAM_FOREACH[name](dev_lists, scalars)
+    assert _native(op) == before + 1, "not one native call for the whole list"
+    if expected is None:  # in place: the written list
+        expected, got = lists[0], dev_lists[0]
+    for g_, e in zip(got, expected):
+        assert g_.device.type == "phantom"
+        assert torch.equal(g_.cpu(), e)
+
+
+def test_adams_foreach_ops_outside_the_native_case_keep_the_cpus_behaviour():
+    ops = ["aten::_foreach_lerp_", "aten::_foreach_div_", "aten::_foreach_sqrt",
+           "aten::_foreach_addcmul_"]
+    before = [_native(op) for op in ops]
+    strided = torch.rand(4, 6).t()
+    d_strided = strided.to("phantom")
+    # Strided tensors and float64 ends for float32 tensors: ATen's loop,
+    # the CPU's results and errors.
+    torch._foreach_div_([strided], [2.0])
+    torch._foreach_div_([d_strided], [2.0])
+    roots = torch._foreach_sqrt([d_strided])
+    assert torch.equal(roots[0].cpu(), strided.sqrt())
+    assert torch.equal(d_strided.cpu(), strided)
+    a, b = torch.rand(3), torch.rand(3, dtype=torch.float64)
+    _refused_at_the_call_like_the_cpu(lambda x, y: torch._foreach_lerp_([x], [y], 0.5), a, b)
+    _refused_at_the_call_like_the_cpu(
+        lambda x, y: torch._foreach_addcmul_([x], [y], [y], 1j), a, a)
+    # One scalar too few.
+    with pytest.raises(RuntimeError, match="[Ss]calar"):
+        torch._foreach_div_([d_strided, d_strided], [2.0])
+    assert [_native(op) for op in ops] == before
+
+
+def test_adam_with_foreach_matches_the_cpu_bit_for_bit():
+    torch.manual_seed(3)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 2))
+    dev_model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 2))
+    dev_model.load_state_dict(model.state_dict())
+    dev_model.to("phantom")
+    # The CPU's Adam loops over the parameters; phantom's takes the foreach
+    # form (the default on an accelerator).
+    opt = torch.optim.Adam(model.parameters(), lr=0.01, foreach=False)
+    dev_opt = torch.optim.Adam(dev_model.parameters(), lr=0.01)
+    x, y = torch.randn(8, 6), torch.randn(8, 2)
+    ops = ["aten::_foreach_lerp_", "aten::_foreach_mul_", "aten::_foreach_addcmul_",
+           "aten::_foreach_sqrt", "aten::_foreach_div_", "aten::_foreach_add_",
+           "aten::_foreach_addcdiv_"]
+    before = [_native(op) for op in ops]
+    per_tensor = [_calls(op) for op in ("aten::lerp", "aten::sqrt", "aten::addcdiv")]
+    for _ in range(3):
+        for m, o, inp, tgt in ((model, opt, x, y), (dev_model, dev_opt, x.to("phantom"), y.to("phantom"))):
+            o.zero_grad()
+            F.mse_loss(m(inp), tgt).backward()
+            o.step()
+    # Each op once per step, for the whole parameter list.
+    assert [_native(op) - b for op, b in zip(ops, before)] == [3] * len(ops)
+    assert [_calls(op) for op in ("aten::lerp", "aten::sqrt", "aten::addcdiv")] == per_tensor, \
+        "the lists were split into per-tensor ops"
     for got, expected in zip(dev_model.parameters(), model.parameters()):
         assert torch.equal(got.detach().cpu(), expected.detach())
 
