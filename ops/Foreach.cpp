@@ -2,7 +2,9 @@
 // phantom (the foreach form, as on CUDA): SGD's update and momentum
 // (_foreach_add_, _foreach_mul_) and Adam's moments, denominator and
 // update (_foreach_lerp_, _foreach_addcmul_, _foreach_sqrt,
-// _foreach_div_, _foreach_add_ of a scalar, _foreach_addcdiv_).
+// _foreach_div_, _foreach_add_ of a scalar, _foreach_addcdiv_); and those
+// of torch.nn.utils.clip_grad_norm_ (_foreach_norm, then _foreach_mul_ by
+// a 0-d tensor on the device).
 //
 // ATen's kernel for devices without a fused one loops over the tensors and
 // calls the per-tensor op on each (self[i].add_(other[i], alpha), ...): on
@@ -35,13 +37,16 @@
 #include <ATen/ops/_foreach_div_native.h>
 #include <ATen/ops/_foreach_lerp_native.h>
 #include <ATen/ops/_foreach_mul_native.h>
+#include <ATen/ops/_foreach_norm_native.h>
 #include <ATen/ops/_foreach_sqrt_native.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/sqrt.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
 #include <initializer_list>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -179,6 +184,23 @@ void foreachMulScalar(at::TensorList self, const at::Scalar& scalar) {
   });
 }
 
+// `other` is a 0-d tensor on the device (clip_grad_norm_'s coefficient).
+void foreachMulTensor(at::TensorList self, const at::Tensor& other) {
+  const bool native_other =
+      isPlainPhantom(other) && other.dim() == 0 && !self.empty() &&
+      other.device() == self[0].device() &&
+      c10::isFloatingType(other.scalar_type());
+  if (!native_other || !queueable(self, {})) {
+    at::native::foreach_tensor_mul_tensor_kernel_slow_(self, other);
+    return;
+  }
+  launchForeach(foreach_mul_counter, {self, at::TensorList(other)},
+                [](Lists& t) {
+                  at::native::foreach_tensor_mul_tensor_kernel_slow_(
+                      t[0], t[1][0]);
+                });
+}
+
 NativeOpCounter foreach_div_counter("aten::_foreach_div_");
 
 void foreachDivScalarList(at::TensorList self,
@@ -277,10 +299,42 @@ std::vector<at::Tensor> foreachSqrt(at::TensorList self) {
   return results;
 }
 
+NativeOpCounter foreach_norm_counter("aten::_foreach_norm");
+
+// Out of place, one 0-d result per tensor, allocated here; the worker runs
+// the CPU's foreach norm over aliases and copies each result in. Only
+// without a dtype, and with no empty tensor (whose norm of some orders the
+// CPU refuses at the call).
+std::vector<at::Tensor> foreachNorm(at::TensorList self, const at::Scalar& ord,
+                                    std::optional<at::ScalarType> dtype) {
+  bool native = !dtype.has_value() && realScalar(ord) && queueable(self, {});
+  for (size_t i = 0; native && i < self.size(); ++i) {
+    native = self[i].numel() > 0;
+  }
+  if (!native) {
+    return at::native::foreach_tensor_norm_slow(self, ord, dtype);
+  }
+  std::vector<at::Tensor> results;
+  results.reserve(self.size());
+  for (const at::Tensor& t : self) {
+    results.push_back(at::empty({}, t.options()));
+  }
+  launchForeach(foreach_norm_counter, {results, self}, [ord](Lists& t) {
+    const std::vector<at::Tensor> norms =
+        at::native::foreach_tensor_norm_slow(t[1], ord, std::nullopt);
+    for (size_t i = 0; i < norms.size(); ++i) {
+      t[0][i].copy_(norms[i]);
+    }
+  });
+  return results;
+}
+
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_foreach_add_.List", TORCH_FN(foreachAddList));
   m.impl("_foreach_add_.Scalar", TORCH_FN(foreachAddScalar));
   m.impl("_foreach_mul_.Scalar", TORCH_FN(foreachMulScalar));
+  m.impl("_foreach_mul_.Tensor", TORCH_FN(foreachMulTensor));
+  m.impl("_foreach_norm.Scalar", TORCH_FN(foreachNorm));
   m.impl("_foreach_div_.ScalarList", TORCH_FN(foreachDivScalarList));
   m.impl("_foreach_lerp_.Scalar", TORCH_FN(foreachLerpScalar));
   m.impl("_foreach_addcmul_.Scalar", TORCH_FN(foreachAddcmulScalar));

@@ -581,10 +581,11 @@ def test_sgd_with_foreach_matches_the_cpu_bit_for_bit():
         assert torch.equal(got.detach().cpu(), expected.detach())
 
 
-# Adam's foreach ops (and two overloads of the same kernels): each call is
-# one native kernel, and the CPU's bits. `call(lists, scalars)` gets
-# lists[0] (written), lists[1], lists[2] and one scalar per tensor.
-ADAM_FOREACH = {
+# Adam's and clip_grad_norm_'s foreach ops (and two overloads of the same
+# kernels): each call is one native kernel, and the CPU's bits.
+# `call(lists, scalars)` gets lists[0] (written), lists[1], lists[2] and one
+# scalar per tensor; lists[1][3] is a 0-d tensor.
+OPTIMIZER_FOREACH = {
     "_foreach_lerp_": lambda t, s: torch._foreach_lerp_(t[0], t[1], 0.1),
     "_foreach_addcmul_": lambda t, s: torch._foreach_addcmul_(t[0], t[1], t[2], 0.001),
     "_foreach_addcdiv_": lambda t, s: torch._foreach_addcdiv_(t[0], t[1], t[2], s),
@@ -592,12 +593,15 @@ ADAM_FOREACH = {
     "_foreach_div_": lambda t, s: torch._foreach_div_(t[0], s),
     "_foreach_add_ (one scalar)": lambda t, s: torch._foreach_add_(t[0], 1e-8),
     "_foreach_sqrt": lambda t, s: torch._foreach_sqrt(t[0]),
+    "_foreach_norm": lambda t, s: torch._foreach_norm(t[0], 2.0),
+    "_foreach_norm (inf)": lambda t, s: torch._foreach_norm(t[0], float("inf")),
+    "_foreach_mul_ (a 0-d tensor)": lambda t, s: torch._foreach_mul_(t[0], t[1][3]),
 }
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
-@pytest.mark.parametrize("name", list(ADAM_FOREACH))
-def test_adams_foreach_ops_are_one_queued_kernel_and_match_cpu(name, dtype):
+@pytest.mark.parametrize("name", list(OPTIMIZER_FOREACH))
+def test_optimizer_foreach_ops_are_one_queued_kernel_and_match_cpu(name, dtype):
     g = torch.Generator().manual_seed(5)
     shapes = [(3, 4), (7,), (2, 3, 5), ()]
     # Positive, so that sqrt and the divisions stay finite.
@@ -606,8 +610,8 @@ def test_adams_foreach_ops_are_one_queued_kernel_and_match_cpu(name, dtype):
     dev_lists = [[t.to("phantom") for t in ts] for ts in lists]
     op = "aten::" + name.split()[0]
     before = _native(op)
-    expected = ADAM_FOREACH[name](lists, scalars)
-    got = ADAM_FOREACH[name](dev_lists, scalars)
+    expected = OPTIMIZER_FOREACH[name](lists, scalars)
+    got = OPTIMIZER_FOREACH[name](dev_lists, scalars)
     assert _native(op) == before + 1, "not one native call for the whole list"
     if expected is None:  # in place: the written list
         expected, got = lists[0], dev_lists[0]
@@ -616,9 +620,9 @@ def test_adams_foreach_ops_are_one_queued_kernel_and_match_cpu(name, dtype):
         assert torch.equal(g_.cpu(), e)
 
 
-def test_adams_foreach_ops_outside_the_native_case_keep_the_cpus_behaviour():
+def test_optimizer_foreach_ops_outside_the_native_case_keep_the_cpus_behaviour():
     ops = ["aten::_foreach_lerp_", "aten::_foreach_div_", "aten::_foreach_sqrt",
-           "aten::_foreach_addcmul_"]
+           "aten::_foreach_addcmul_", "aten::_foreach_norm", "aten::_foreach_mul_"]
     before = [_native(op) for op in ops]
     strided = torch.rand(4, 6).t()
     d_strided = strided.to("phantom")
@@ -636,7 +640,32 @@ def test_adams_foreach_ops_outside_the_native_case_keep_the_cpus_behaviour():
     # One scalar too few.
     with pytest.raises(RuntimeError, match="[Ss]calar"):
         torch._foreach_div_([d_strided, d_strided], [2.0])
+    # A norm with a dtype, the norm of an empty tensor, a 1-d "scalar".
+    x = torch.rand(5)
+    norms = torch._foreach_norm([x.to("phantom")], 2, dtype=torch.float64)
+    assert torch.equal(norms[0].cpu(), torch._foreach_norm([x], 2, dtype=torch.float64)[0])
+    _refused_at_the_call_like_the_cpu(lambda e: torch._foreach_norm([e], -1), torch.empty(0))
+    _refused_at_the_call_like_the_cpu(lambda a, b: torch._foreach_mul_([a], b), x, torch.rand(2))
     assert [_native(op) for op in ops] == before
+
+
+def test_clip_grad_norm_matches_the_cpu_bit_for_bit():
+    torch.manual_seed(4)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 2))
+    dev_model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 2))
+    dev_model.load_state_dict(model.state_dict())
+    dev_model.to("phantom")
+    x, y = torch.randn(8, 6), torch.randn(8, 2)
+    F.mse_loss(model(x), y).backward()
+    F.mse_loss(dev_model(x.to("phantom")), y.to("phantom")).backward()
+    before = _native("aten::_foreach_norm"), _native("aten::_foreach_mul_")
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 0.1)
+    dev_norm = torch.nn.utils.clip_grad_norm_(dev_model.parameters(), 0.1)
+    assert (_native("aten::_foreach_norm"), _native("aten::_foreach_mul_")) == \
+        (before[0] + 1, before[1] + 1)
+    assert torch.equal(dev_norm.cpu(), norm)
+    for got, expected in zip(dev_model.parameters(), model.parameters()):
+        assert torch.equal(got.grad.cpu(), expected.grad)
 
 
 def test_adam_with_foreach_matches_the_cpu_bit_for_bit():
