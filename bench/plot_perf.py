@@ -60,14 +60,20 @@ def plot_training(data, out):
     figure, axis = plt.subplots(figsize=(7, 4))
     names = [r["case"] for r in rows]
     xs = range(len(rows))
-    width = 0.38
-    axis.bar([x - width / 2 for x in xs], [r["phantom_s"] * 1e3 for r in rows],
-             width, label="phantom")
-    axis.bar([x + width / 2 for x in xs], [r["cpu_s"] * 1e3 for r in rows],
-             width, label="CPU")
-    for x, r in zip(xs, rows):
-        axis.text(x, max(r["phantom_s"], r["cpu_s"]) * 1e3, f"{r['ratio']:.2f}x",
-                  ha="center", va="bottom", fontsize=8)
+    # In one process, and (when measured) each device alone.
+    pairs = [("phantom_s", "cpu_s", "ratio", "", 1.0)]
+    if all(r.get("alone_ratio") for r in rows):
+        pairs.append(("phantom_alone_s", "cpu_alone_s", "alone_ratio", ", each alone", 0.45))
+    width = 0.8 / (2 * len(pairs))
+    for p, (ph, cpu, ratio, label, alpha) in enumerate(pairs):
+        left = -0.4 + 2 * p * width + width / 2
+        axis.bar([x + left for x in xs], [r[ph] * 1e3 for r in rows], width,
+                 label="phantom" + label, color="tab:blue", alpha=alpha)
+        axis.bar([x + left + width for x in xs], [r[cpu] * 1e3 for r in rows], width,
+                 label="CPU" + label, color="tab:orange", alpha=alpha)
+        for x, r in zip(xs, rows):
+            axis.text(x + left + width / 2, max(r[ph], r[cpu]) * 1e3, f"{r[ratio]:.2f}x",
+                      ha="center", va="bottom", fontsize=8)
     axis.set_xticks(list(xs))
     axis.set_xticklabels(names)
     axis.set_ylabel("ms per training step (median)")
@@ -122,6 +128,12 @@ def markdown(data):
         part = [r for r in rows if r["benchmark"] == bench]
         if not part:
             continue
+        # The plots (written by this script next to docs/performance.md).
+        image = {"scaling": "![phantom/CPU ratio against size](img/perf_scaling.png)",
+                 "training": "![time per training step, in one process and each "
+                             "alone](img/perf_training.png)"}.get(bench)
+        if image:
+            print(image + "\n")
         alone = bench == "training" and any(r.get("cpu_alone_s") for r in part)
         control = any("control_ratio" in r for r in part)
         print(f"| {bench} | phantom | CPU | phantom/CPU | target |"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One command for the performance suite: phantom against the CPU (small-op
 # latency, scaling, large ops, training steps, copies), then the plots.
-#   bash bench/run_perf.sh            # full run, ~4 min, writes bench/results/perf.json
+#   bash bench/run_perf.sh            # full run, ~5 min, writes bench/results/perf.json
 #   bash bench/run_perf.sh --quick    # < 1 min smoke run (results not saved)
 # Extra arguments go to bench/bench_perf.py (e.g. --only scaling --reps 7).
 # Builds nothing: torch_phantom must be importable (installed, or
