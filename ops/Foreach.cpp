@@ -1,10 +1,10 @@
 // Native kernels for the foreach ops that PyTorch's optimizers use on
-// phantom (the foreach form, as on CUDA): SGD's update and momentum
-// (_foreach_add_, _foreach_mul_) and Adam's moments, denominator and
-// update (_foreach_lerp_, _foreach_addcmul_, _foreach_sqrt,
-// _foreach_div_, _foreach_add_ of a scalar, _foreach_addcdiv_); and those
-// of torch.nn.utils.clip_grad_norm_ (_foreach_norm, then _foreach_mul_ by
-// a 0-d tensor on the device).
+// phantom (the foreach form, as on CUDA): SGD's update, momentum and
+// weight decay (_foreach_add_, _foreach_mul_, _foreach_add), Adam's
+// moments, denominator and update (_foreach_lerp_, _foreach_addcmul_,
+// _foreach_sqrt, _foreach_div_, _foreach_add_ of a scalar,
+// _foreach_addcdiv_); and those of torch.nn.utils.clip_grad_norm_
+// (_foreach_norm, then _foreach_mul_ by a 0-d tensor on the device).
 //
 // ATen's kernel for devices without a fused one loops over the tensors and
 // calls the per-tensor op on each (self[i].add_(other[i], alpha), ...): on
@@ -39,6 +39,7 @@
 #include <ATen/ops/_foreach_mul_native.h>
 #include <ATen/ops/_foreach_norm_native.h>
 #include <ATen/ops/_foreach_sqrt_native.h>
+#include <ATen/ops/add.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/sqrt.h>
@@ -150,6 +151,7 @@ void launchForeach(NativeOpCounter& counter,
 }
 
 NativeOpCounter foreach_add_counter("aten::_foreach_add_");
+NativeOpCounter foreach_add_out_of_place_counter("aten::_foreach_add");
 
 void foreachAddList(at::TensorList self, at::TensorList other,
                     const at::Scalar& alpha) {
@@ -160,6 +162,30 @@ void foreachAddList(at::TensorList self, at::TensorList other,
   launchForeach(foreach_add_counter, {self, other}, [alpha](Lists& t) {
     at::native::foreach_tensor_add_list_kernel_slow_(t[0], t[1], alpha);
   });
+}
+
+// Out of place (SGD's and Adam's weight decay: grads + wd * params): the
+// results are allocated here, and the worker writes each with the CPU's
+// add kernel (the CPU's foreach add is self[i].add(other[i], alpha) per
+// tensor: the same kernel, into a tensor of its own).
+std::vector<at::Tensor> foreachAddListOutOfPlace(at::TensorList self,
+                                                 at::TensorList other,
+                                                 const at::Scalar& alpha) {
+  if (!realScalar(alpha) || !queueable(self, {other})) {
+    return at::native::foreach_tensor_add_list_kernel_slow(self, other, alpha);
+  }
+  std::vector<at::Tensor> results;
+  results.reserve(self.size());
+  for (const at::Tensor& t : self) {
+    results.push_back(at::empty_like(t));
+  }
+  launchForeach(foreach_add_out_of_place_counter, {results, self, other},
+                [alpha](Lists& t) {
+                  for (size_t i = 0; i < t[0].size(); ++i) {
+                    at::add_out(t[0][i], t[1][i], t[2][i], alpha);
+                  }
+                });
+  return results;
 }
 
 void foreachAddScalar(at::TensorList self, const at::Scalar& scalar) {
@@ -332,6 +358,7 @@ std::vector<at::Tensor> foreachNorm(at::TensorList self, const at::Scalar& ord,
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_foreach_add_.List", TORCH_FN(foreachAddList));
   m.impl("_foreach_add_.Scalar", TORCH_FN(foreachAddScalar));
+  m.impl("_foreach_add.List", TORCH_FN(foreachAddListOutOfPlace));
   m.impl("_foreach_mul_.Scalar", TORCH_FN(foreachMulScalar));
   m.impl("_foreach_mul_.Tensor", TORCH_FN(foreachMulTensor));
   m.impl("_foreach_norm.Scalar", TORCH_FN(foreachNorm));

@@ -581,6 +581,30 @@ def test_sgd_with_foreach_matches_the_cpu_bit_for_bit():
         assert torch.equal(got.detach().cpu(), expected.detach())
 
 
+def test_sgd_weight_decay_with_foreach_matches_the_cpu_bit_for_bit():
+    # Weight decay adds wd * params to the gradients out of place
+    # (_foreach_add): one native call per step, no per-tensor add.
+    torch.manual_seed(5)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 2))
+    dev_model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 2))
+    dev_model.load_state_dict(model.state_dict())
+    dev_model.to("phantom")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, weight_decay=1e-2, foreach=False)
+    dev_opt = torch.optim.SGD(dev_model.parameters(), lr=0.1, weight_decay=1e-2)
+    x, y = torch.randn(8, 6), torch.randn(8, 2)
+    before, adds = _native("aten::_foreach_add"), _calls("aten::add")
+    for _ in range(3):
+        for m, o, inp, tgt in ((model, opt, x, y), (dev_model, dev_opt, x.to("phantom"), y.to("phantom"))):
+            o.zero_grad()
+            F.mse_loss(m(inp), tgt).backward()
+            o.step()
+    assert _native("aten::_foreach_add") == before + 3
+    # The forward's bias adds are addmm; the backward adds none.
+    assert _calls("aten::add") == adds, "the weight decay was split into per-tensor adds"
+    for got, expected in zip(dev_model.parameters(), model.parameters()):
+        assert torch.equal(got.detach().cpu(), expected.detach())
+
+
 # Adam's and clip_grad_norm_'s foreach ops (and two overloads of the same
 # kernels): each call is one native kernel, and the CPU's bits.
 # `call(lists, scalars)` gets lists[0] (written), lists[1], lists[2] and one
@@ -596,6 +620,7 @@ OPTIMIZER_FOREACH = {
     "_foreach_norm": lambda t, s: torch._foreach_norm(t[0], 2.0),
     "_foreach_norm (inf)": lambda t, s: torch._foreach_norm(t[0], float("inf")),
     "_foreach_mul_ (a 0-d tensor)": lambda t, s: torch._foreach_mul_(t[0], t[1][3]),
+    "_foreach_add (out of place)": lambda t, s: torch._foreach_add(t[0], t[1], alpha=1e-4),
 }
 
 
