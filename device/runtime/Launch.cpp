@@ -4,6 +4,7 @@
 #include <phantom/KernelHostMemory.h>
 #include <phantom/Launch.h>
 
+#include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 
 #include <atomic>
@@ -49,6 +50,19 @@ class InDeviceWork {
   int previous_device_ = 0;
 };
 
+// The OpenMP thread count a kernel runs with on the worker: the launching
+// thread's (at::get_num_threads() there), as if that thread ran the CPU op
+// itself. Many CPU kernels split a reduction by thread count, so the count
+// decides their bits. ATen sets a thread's count once, from the process's
+// last torch.set_num_threads(), on that thread's first parallel call; the
+// worker would keep its first count through a later set_num_threads() and
+// stop matching the CPU.
+void useThreadCount(int threads) {
+  if (threads > 0 && at::get_num_threads() != threads) {
+    at::set_num_threads(threads);
+  }
+}
+
 const char* whatOf(const std::exception& e) {
   // c10::Error's what() carries a C++ backtrace; the plain message is what
   // a user needs in the stream's error.
@@ -61,12 +75,14 @@ const char* whatOf(const std::exception& e) {
 struct AsyncWork {
   std::function<void()> work;
   PhantomStream stream;
+  int threads = 0;  // the launching thread's OpenMP thread count
   AsyncWork* next_finished = nullptr;  // in FinishedWork's list
 
   static ph_status_t run(void* self, char* error, size_t error_size) {
     auto* state = static_cast<AsyncWork*>(self);
     try {
       InDeviceWork scope(state->stream);
+      useThreadCount(state->threads);
       state->work();
       return PH_SUCCESS;
     } catch (const std::exception& e) {
@@ -137,12 +153,14 @@ struct WaitedWork {
   explicit WaitedWork(const PhantomStream& s) : stream(s) {}
   std::function<void()> work;
   PhantomStream stream;
+  int threads = at::get_num_threads();  // the launching thread's
   std::exception_ptr failure;
 
   static ph_status_t run(void* self, char*, size_t) {
     auto* state = static_cast<std::shared_ptr<WaitedWork>*>(self)->get();
     try {
       InDeviceWork scope(state->stream);
+      useThreadCount(state->threads);
       state->work();
       state->work = nullptr;  // drop captures on the worker, while it is ours
     } catch (...) {
@@ -169,7 +187,7 @@ void launchAsync(const PhantomStream& stream, const char* name,
   releaseFinishedWork();  // the launches before this one, if they are done
   installKernelHostAllocator();  // the kernels' big allocations: cached
   faultHookLaunch(stream, name, work, /*waited=*/false);
-  auto* state = new AsyncWork{std::move(work), stream};
+  auto* state = new AsyncWork{std::move(work), stream, at::get_num_threads()};
   const ph_host_task_t task{name, &AsyncWork::run, &AsyncWork::release, state};
   // On failure the driver has already released (deleted) the state. A
   // refusal for earlier failed work reports that failure once and resets

@@ -56,6 +56,36 @@ def test_small_bag_and_log_sigmoid_kernels_wake_no_openmp_team():
     assert large > 1, "a large EmbeddingBag ran on one thread"
 
 
+# torch.set_num_threads() on the host, after the worker has started: the
+# worker's kernels use that many OpenMP threads too (the thread count
+# decides the bits of some CPU kernels, so phantom must follow it).
+_FOLLOWS_SET_NUM_THREADS = r"""
+import os, torch, torch_phantom
+def worker_threads():
+    names = [open(f"/proc/self/task/{t}/comm").read().strip()
+             for t in os.listdir("/proc/self/task")]
+    return sum(name.startswith("ph-stream-d0") for name in names)
+torch.ones(1, device="phantom").cpu()  # the worker exists, with no team
+x = torch.randn(4_000_000, generator=torch.Generator().manual_seed(0))
+counts = []
+for n in (1, 2):
+    torch.set_num_threads(n)
+    got = x.to("phantom").sum()
+    assert torch.equal(got.cpu(), x.sum()), n
+    counts.append(worker_threads())
+print(*counts)
+"""
+
+
+@needs_threads
+def test_the_worker_follows_torch_set_num_threads():
+    result = run_python(_FOLLOWS_SET_NUM_THREADS)
+    assert result.returncode == 0, result.stderr
+    one, two = map(int, result.stdout.split())
+    assert one == 1, f"the worker started {one - 1} OpenMP helpers under set_num_threads(1)"
+    assert two == 2, f"{two} worker threads under set_num_threads(2)"
+
+
 _SAME_WIDTH_INT = {2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
