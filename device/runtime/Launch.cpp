@@ -56,7 +56,9 @@ class InDeviceWork {
 // decides their bits. ATen sets a thread's count once, from the process's
 // last torch.set_num_threads(), on that thread's first parallel call; the
 // worker would keep its first count through a later set_num_threads() and
-// stop matching the CPU.
+// stop matching the CPU. (at::set_num_threads also records the count as
+// the process's, for threads that start later: it is the launching
+// thread's, normally the one the last torch.set_num_threads() set.)
 void useThreadCount(int threads) {
   if (threads > 0 && at::get_num_threads() != threads) {
     at::set_num_threads(threads);
