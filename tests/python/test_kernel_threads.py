@@ -12,15 +12,21 @@ from conftest import run_python
 needs_threads = pytest.mark.skipif(
     torch.get_num_threads() < 2, reason="needs an OpenMP team of two or more threads")
 
-# Counts the stream worker's threads (its OpenMP helpers inherit its name)
-# after small kernels of the three ops, then after a large EmbeddingBag
-# (8192 indices of width 8: 65536 elements of work, over ATen's grain).
-_WORKER_TEAM = r"""
-import os, torch, torch.nn.functional as F, torch_phantom
+# For the child scripts below: the stream worker's threads (its OpenMP
+# helpers inherit its name).
+_WORKER_THREADS = r"""
+import os
 def worker_threads():
     names = [open(f"/proc/self/task/{t}/comm").read().strip()
              for t in os.listdir("/proc/self/task")]
     return sum(name.startswith("ph-stream-d0") for name in names)
+"""
+
+# The worker's threads after small kernels of the three ops, then after a
+# large EmbeddingBag (8192 indices of width 8: 65536 elements of work, over
+# ATen's grain).
+_WORKER_TEAM = _WORKER_THREADS + r"""
+import torch, torch.nn.functional as F, torch_phantom
 d = "phantom"
 g = torch.Generator().manual_seed(0)
 weight = torch.randn(40, 8, generator=g).to(d).requires_grad_()
@@ -59,12 +65,8 @@ def test_small_bag_and_log_sigmoid_kernels_wake_no_openmp_team():
 # torch.set_num_threads() on the host, after the worker has started: the
 # worker's kernels use that many OpenMP threads too (the thread count
 # decides the bits of some CPU kernels, so phantom must follow it).
-_FOLLOWS_SET_NUM_THREADS = r"""
-import os, torch, torch_phantom
-def worker_threads():
-    names = [open(f"/proc/self/task/{t}/comm").read().strip()
-             for t in os.listdir("/proc/self/task")]
-    return sum(name.startswith("ph-stream-d0") for name in names)
+_FOLLOWS_SET_NUM_THREADS = _WORKER_THREADS + r"""
+import torch, torch_phantom
 torch.ones(1, device="phantom").cpu()  # the worker exists, with no team
 x = torch.randn(4_000_000, generator=torch.Generator().manual_seed(0))
 counts = []

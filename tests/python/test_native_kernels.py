@@ -558,51 +558,58 @@ def test_foreach_mul_outside_the_native_case_keeps_the_cpus_behaviour():
     _refused_at_the_call_like_the_cpu(lambda x: torch._foreach_mul_([x], 1j), torch.randn(3))
 
 
-def test_sgd_with_foreach_matches_the_cpu_bit_for_bit():
-    torch.manual_seed(3)
+def _twin_mlps():
+    """A small MLP on the CPU and its copy on phantom (same parameters)."""
     model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 2))
     dev_model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 2))
     dev_model.load_state_dict(model.state_dict())
-    dev_model.to("phantom")
+    return model, dev_model.to("phantom")
+
+
+def _train_both(model, opt, dev_model, dev_opt, x, y, steps=3):
+    """`steps` training steps of each model on (x, y), on its own device."""
+    for _ in range(steps):
+        for m, o, inp, tgt in ((model, opt, x, y),
+                               (dev_model, dev_opt, x.to("phantom"), y.to("phantom"))):
+            o.zero_grad()
+            F.mse_loss(m(inp), tgt).backward()
+            o.step()
+
+
+def _assert_same_parameters(dev_model, model):
+    for got, expected in zip(dev_model.parameters(), model.parameters()):
+        assert torch.equal(got.detach().cpu(), expected.detach())
+
+
+def test_sgd_with_foreach_matches_the_cpu_bit_for_bit():
+    torch.manual_seed(3)
+    model, dev_model = _twin_mlps()
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, foreach=False)
     dev_opt = torch.optim.SGD(dev_model.parameters(), lr=0.1, momentum=0.9, foreach=True)
     x, y = torch.randn(8, 6), torch.randn(8, 2)
     before = _native("aten::_foreach_add_"), _native("aten::_foreach_mul_")
-    for _ in range(3):
-        for m, o, inp, tgt in ((model, opt, x, y), (dev_model, dev_opt, x.to("phantom"), y.to("phantom"))):
-            o.zero_grad()
-            F.mse_loss(m(inp), tgt).backward()
-            o.step()
+    _train_both(model, opt, dev_model, dev_opt, x, y)
     # Per step: the update (add_), and from the second step on the
     # momentum buffers' decay (mul_) and their update (add_).
     assert _native("aten::_foreach_add_") == before[0] + 5
     assert _native("aten::_foreach_mul_") == before[1] + 2
-    for got, expected in zip(dev_model.parameters(), model.parameters()):
-        assert torch.equal(got.detach().cpu(), expected.detach())
+    _assert_same_parameters(dev_model, model)
 
 
 def test_sgd_weight_decay_with_foreach_matches_the_cpu_bit_for_bit():
     # Weight decay adds wd * params to the gradients out of place
     # (_foreach_add): one native call per step, no per-tensor add.
     torch.manual_seed(5)
-    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 2))
-    dev_model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 2))
-    dev_model.load_state_dict(model.state_dict())
-    dev_model.to("phantom")
+    model, dev_model = _twin_mlps()
     opt = torch.optim.SGD(model.parameters(), lr=0.1, weight_decay=1e-2, foreach=False)
     dev_opt = torch.optim.SGD(dev_model.parameters(), lr=0.1, weight_decay=1e-2)
     x, y = torch.randn(8, 6), torch.randn(8, 2)
     before, adds = _native("aten::_foreach_add"), _calls("aten::add")
-    for _ in range(3):
-        for m, o, inp, tgt in ((model, opt, x, y), (dev_model, dev_opt, x.to("phantom"), y.to("phantom"))):
-            o.zero_grad()
-            F.mse_loss(m(inp), tgt).backward()
-            o.step()
+    _train_both(model, opt, dev_model, dev_opt, x, y)
     assert _native("aten::_foreach_add") == before + 3
     # The forward's bias adds are addmm; the backward adds none.
     assert _calls("aten::add") == adds, "the weight decay was split into per-tensor adds"
-    for got, expected in zip(dev_model.parameters(), model.parameters()):
-        assert torch.equal(got.detach().cpu(), expected.detach())
+    _assert_same_parameters(dev_model, model)
 
 
 # Adam's and clip_grad_norm_'s foreach ops (and two overloads of the same
@@ -676,10 +683,7 @@ def test_optimizer_foreach_ops_outside_the_native_case_keep_the_cpus_behaviour()
 
 def test_clip_grad_norm_matches_the_cpu_bit_for_bit():
     torch.manual_seed(4)
-    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 2))
-    dev_model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 2))
-    dev_model.load_state_dict(model.state_dict())
-    dev_model.to("phantom")
+    model, dev_model = _twin_mlps()
     x, y = torch.randn(8, 6), torch.randn(8, 2)
     F.mse_loss(model(x), y).backward()
     F.mse_loss(dev_model(x.to("phantom")), y.to("phantom")).backward()
@@ -695,10 +699,7 @@ def test_clip_grad_norm_matches_the_cpu_bit_for_bit():
 
 def test_adam_with_foreach_matches_the_cpu_bit_for_bit():
     torch.manual_seed(3)
-    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 2))
-    dev_model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 2))
-    dev_model.load_state_dict(model.state_dict())
-    dev_model.to("phantom")
+    model, dev_model = _twin_mlps()
     # The CPU's Adam loops over the parameters; phantom's takes the foreach
     # form (the default on an accelerator).
     opt = torch.optim.Adam(model.parameters(), lr=0.01, foreach=False)
@@ -709,17 +710,12 @@ def test_adam_with_foreach_matches_the_cpu_bit_for_bit():
            "aten::_foreach_addcdiv_"]
     before = [_native(op) for op in ops]
     per_tensor = [_calls(op) for op in ("aten::lerp", "aten::sqrt", "aten::addcdiv")]
-    for _ in range(3):
-        for m, o, inp, tgt in ((model, opt, x, y), (dev_model, dev_opt, x.to("phantom"), y.to("phantom"))):
-            o.zero_grad()
-            F.mse_loss(m(inp), tgt).backward()
-            o.step()
+    _train_both(model, opt, dev_model, dev_opt, x, y)
     # Each op once per step, for the whole parameter list.
     assert [_native(op) - b for op, b in zip(ops, before)] == [3] * len(ops)
     assert [_calls(op) for op in ("aten::lerp", "aten::sqrt", "aten::addcdiv")] == per_tensor, \
         "the lists were split into per-tensor ops"
-    for got, expected in zip(dev_model.parameters(), model.parameters()):
-        assert torch.equal(got.detach().cpu(), expected.detach())
+    _assert_same_parameters(dev_model, model)
 
 
 @pytest.mark.parametrize("op", ["add", "sub", "add_", "sub_"])
