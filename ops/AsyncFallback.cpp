@@ -19,7 +19,8 @@
 // The host takes the synchronous path instead (and says why, in the ops
 // report) when it cannot know the outputs in advance: no Meta kernel, a
 // Meta kernel that fails (data-dependent output shapes: nonzero,
-// masked_select, unique, ...), or results that are not tensors. A Meta
+// masked_select, unique, ...), or results that are not tensors (a
+// `Tensor?` result counts as one: None or a tensor, known ahead). A Meta
 // kernel written in Python (in torch 2.13 torch/_meta_registrations.py
 // overrides the C++ Meta kernels of most core ops, and running one costs
 // ~100-300 us with the GIL, far more than the CPU kernel) is run once per
@@ -70,9 +71,16 @@
 namespace phantom {
 namespace {
 
+// Results the generic path can compute ahead: Tensor, Tensor[] and
+// Tensor? (whether it is None is decided by the arguments, which the Meta
+// kernel and the trial run see: fbgemm's permute_2D_sparse_data returns
+// None for weights when it is given none).
 bool isTensorType(const c10::TypePtr& type) {
   if (type->kind() == c10::TypeKind::TensorType) {
     return true;
+  }
+  if (const auto optional = type->cast<c10::OptionalType>()) {
+    return optional->getElementType()->kind() == c10::TypeKind::TensorType;
   }
   const auto list = type->cast<c10::ListType>();
   return list && list->getElementType()->kind() == c10::TypeKind::TensorType;
@@ -337,6 +345,20 @@ void flatten(const c10::IValue& value, std::vector<at::Tensor>& out) {
   }
 }
 
+// An op's results, flattened as flatten() does, except that a None result
+// (a `Tensor?` return) takes a place too, as an undefined tensor: result
+// indices then mean the same on the host (Meta kernel, trial run) and in
+// the queued work.
+void flattenResults(c10::ArrayRef<c10::IValue> results, std::vector<at::Tensor>& out) {
+  for (const c10::IValue& value : results) {
+    if (value.isNone()) {
+      out.emplace_back();
+    } else {
+      flatten(value, out);
+    }
+  }
+}
+
 // True when the Meta kernel the dispatcher would run for `op` is a C++
 // one. Python registrations show their .py file in the computed table.
 // Decided once per op.
@@ -455,9 +477,7 @@ void queueCpuKernel(const c10::OperatorHandle& op,
     }
     lending.close();
     std::vector<at::Tensor> cpu_results;
-    for (const c10::IValue& value : kernel_stack) {
-      flatten(value, cpu_results);
-    }
+    flattenResults(kernel_stack, cpu_results);
     kernel_stack.clear();
     for (size_t i = 0; i < fresh.size(); ++i) {
       const size_t index = fresh[i].first;
@@ -467,6 +487,12 @@ void queueCpuKernel(const c10::OperatorHandle& op,
       const at::Tensor& cpu = cpu_results[index];
       // copy_ would broadcast a smaller result: a wrong answer computed
       // ahead must fail loudly instead, and not be used again.
+      if (!cpu.defined()) {
+        if (wrong) wrong->store(true);
+        TORCH_CHECK(false, "result ", index, " of the CPU kernel is None, but a "
+                    "tensor of shape ", out.sizes(), " was computed ahead for it "
+                    "on the host");
+      }
       if (cpu.sizes() != out.sizes() || cpu.dtype() != out.dtype()) {
         if (wrong) wrong->store(true);
         TORCH_CHECK(false, "result ", index, " of the CPU kernel has shape ",
@@ -555,6 +581,10 @@ struct RememberedOutput {
   }
 };
 
+// Remembered::returns entries other than a list's length.
+constexpr int kTensorReturn = -1;
+constexpr int kNoneReturn = -2;  // a `Tensor?` result that is None
+
 struct Remembered {
   enum class State {
     kVerifying,   // a waiting call checks the outputs below against the CPU's
@@ -563,8 +593,8 @@ struct Remembered {
     kWait,        // the signature always takes the synchronous path
   } state = State::kVerifying;
   bool from_cpu = false;  // outputs below were the CPU kernel's, not Meta's
-  std::vector<RememberedOutput> outputs;  // flattened
-  std::vector<int> returns;  // per return: -1 tensor, n >= 0 list of n
+  std::vector<RememberedOutput> outputs;  // flattened (None: kUndefined)
+  std::vector<int> returns;  // per return: kTensorReturn, kNoneReturn, n >= 0 list of n
   std::vector<ArgumentGeometry> resizes;  // out= arguments the call resizes
   // Set by queued work whose CPU results had other shapes than the ones
   // remembered (they depend on the data after all): the signature waits.
@@ -720,7 +750,10 @@ void runRemembered(const c10::OperatorHandle& op, torch::jit::Stack* stack,
   torch::jit::drop(stack, num_args);
   size_t next = 0;
   for (int n : remembered.returns) {
-    if (n < 0) {
+    if (n == kNoneReturn) {
+      stack->push_back(c10::IValue());
+      ++next;
+    } else if (n == kTensorReturn) {
       stack->push_back(results[next++]);
     } else {
       c10::List<at::Tensor> list;
@@ -730,15 +763,20 @@ void runRemembered(const c10::OperatorHandle& op, torch::jit::Stack* stack,
   }
 }
 
-// Appends `values` (an op's results: tensors and tensor lists) to `out`'s
-// returns and outputs; `classify` turns each defined tensor into an output,
-// or returns false for one that cannot be remembered.
+// Appends `values` (an op's results: tensors, tensor lists and Nones) to
+// `out`'s returns and outputs; `classify` turns each defined tensor into an
+// output, or returns false for one that cannot be remembered.
 template <typename Classify>
 bool rememberResults(c10::ArrayRef<c10::IValue> values, Remembered* out,
                      Classify&& classify) {
   for (const c10::IValue& value : values) {
+    if (value.isNone()) {
+      out->returns.push_back(kNoneReturn);
+      out->outputs.emplace_back();  // kUndefined: keeps the flattened places
+      continue;
+    }
     if (value.isTensor()) {
-      out->returns.push_back(-1);
+      out->returns.push_back(kTensorReturn);
     } else if (value.isTensorList()) {
       out->returns.push_back(static_cast<int>(value.toTensorList().size()));
     } else {
@@ -1098,14 +1136,16 @@ void verifyRemembered(const std::string& signature,
   std::vector<at::Tensor> real;
   for (size_t i = 0; same && i < results.size(); ++i) {
     const c10::IValue& value = results[i];
-    if (entry.returns[i] < 0) {
+    if (entry.returns[i] == kNoneReturn) {
+      same = value.isNone();
+    } else if (entry.returns[i] == kTensorReturn) {
       same = value.isTensor();
     } else {
       same = value.isTensorList() &&
              value.toTensorList().size() == static_cast<size_t>(entry.returns[i]);
     }
     if (same) {
-      flatten(value, real);
+      flattenResults(value, real);
     }
   }
   same = same && real.size() == entry.outputs.size();
@@ -1308,9 +1348,7 @@ const char* runGenericAsync(const c10::OperatorHandle& op,
   // 2. Outputs on the device, on the host, before anything runs.
   mirror.applyResizes();
   std::vector<at::Tensor> meta_results;
-  for (const c10::IValue& value : meta_stack) {
-    flatten(value, meta_results);
-  }
+  flattenResults(meta_stack, meta_results);
   std::vector<at::Tensor> results;
   std::vector<std::pair<size_t, DeviceTensorRef>> fresh;  // result index, ref
   for (size_t i = 0; i < meta_results.size(); ++i) {
@@ -1343,6 +1381,9 @@ const char* runGenericAsync(const c10::OperatorHandle& op,
       stack->push_back(std::move(list));
     } else if (value.isTensor()) {
       stack->push_back(results[next++]);
+    } else if (value.isNone()) {
+      stack->push_back(value);  // a `Tensor?` result; flattenResults gave it a place
+      ++next;
     } else {
       stack->push_back(value);
     }
