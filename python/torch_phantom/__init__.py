@@ -92,3 +92,9 @@ def _print_ops_report_at_exit() -> None:
 
 if __import__("os").environ.get("PHANTOM_OPS_REPORT") == "1":
     __import__("atexit").register(_print_ops_report_at_exit)
+
+# Registers phantom with PyTorch Lightning when it is imported
+# (torch_phantom.lightning; nothing is imported until then).
+from . import _import_hooks  # noqa: E402
+
+_import_hooks.install()
