@@ -3,11 +3,14 @@
 # GoogleTest suites, run ctest (HAL conformance, fake driver, runtime), the
 # driver suites again under ASan+UBSan and TSan, the runtime suite under
 # ASan+UBSan, the HAL fuzzer for a minute, and pytest (user-facing
-# behaviour). Exits non-zero if any test fails.
+# behaviour, PyTorch's OpInfo database, and the libraries people train with).
+# Exits non-zero if any test fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install_deps.sh
 bash scripts/build_python.sh
+# transformers, accelerate, Lightning, TorchRec: pinned, torch untouched.
+bash scripts/install_test_deps.sh
 
 export CCACHE_NOHASHDIR=true CCACHE_BASEDIR="$PWD"
 cmake -S . -B build/tests -G Ninja -DPHANTOM_BUILD_PYTHON=OFF >/dev/null
@@ -22,4 +25,6 @@ bash scripts/test_fuzz.sh || status=1
 (cd tests/python && python3 -m pytest -q -p no:cacheprovider .) || status=1
 # PyTorch's OpInfo database on phantom against the CPU (docs/conformance.md).
 (cd tests/conformance && python3 -m pytest -q -p no:cacheprovider .) || status=1
+# The libraries people train with, on phantom against the CPU.
+(cd tests/integration && python3 -m pytest -q -p no:cacheprovider .) || status=1
 exit $status
