@@ -14,11 +14,14 @@
 #include <phantom/ops/OpsReport.h>
 #include <phantom/Launch.h>
 #include <phantom/Stream.h>
+#include <phantom/hal.h>
 
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/Generator.h>
 #include <torch/csrc/utils/device_lazy_init.h>
 #include <torch/csrc/utils/pybind.h>
+
+#include <dlfcn.h>
 
 #include <chrono>
 #include <thread>
@@ -101,6 +104,36 @@ py::dict hostMemoryStats() {
   return result;
 }
 
+// What `python -m torch_phantom` reports about the driver, straight from the
+// HAL: the ABI it was built for, the shared library it lives in, and each
+// device's properties. Never throws: a driver that failed to start has no
+// devices here (_driver_error says why).
+py::dict halInfo() {
+  py::dict info;
+  info["abi_version"] = ph_abi_version();
+  info["runtime_abi_version"] = PH_HAL_ABI_VERSION;
+  Dl_info library{};
+  info["driver_library"] =
+      dladdr(reinterpret_cast<void*>(&ph_abi_version), &library) != 0 &&
+              library.dli_fname != nullptr
+          ? std::string(library.dli_fname)
+          : std::string();
+  py::list devices;
+  for (int d = 0; d < phantom::deviceCountNoThrow(); ++d) {
+    ph_device_properties_t props{};
+    if (ph_device_get_properties(d, &props) != PH_SUCCESS) break;
+    py::dict device;
+    device["name"] = std::string(props.name);
+    device["total_memory"] = props.total_memory;
+    device["multiprocessor_count"] = props.multiprocessor_count;
+    device["stream_priority_low"] = props.stream_priority_low;
+    device["stream_priority_high"] = props.stream_priority_high;
+    devices.append(device);
+  }
+  info["devices"] = devices;
+  return info;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -108,6 +141,7 @@ PYBIND11_MODULE(_C, m) {
 
   m.def("_device_count", [] { return phantom::deviceCountNoThrow(); });
   m.def("_driver_error", [] { return phantom::driverStartupError(); });
+  m.def("_hal_info", &halInfo);
   m.def("_get_device", [] { return phantom::currentDevice(); });
   m.def("_set_device", [](c10::DeviceIndex d) { phantom::setCurrentDevice(d); });
   m.def("_exchange_device",
