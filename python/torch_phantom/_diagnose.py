@@ -27,7 +27,6 @@ import os
 import platform
 import sys
 import time
-import traceback
 from typing import Callable, List, Optional, Tuple
 
 import torch
@@ -232,8 +231,6 @@ def _run_check(name: str, check: Callable[[torch.device], str],
     except Exception as error:  # report it and go on with the other checks
         first = str(error).strip().splitlines()[0] if str(error).strip() else ""
         detail = f"{type(error).__name__}: {first}"
-        if os.environ.get("PHANTOM_DIAGNOSE_TRACEBACK") == "1":
-            detail += "\n" + traceback.format_exc()
         ok = False
     ms = (time.perf_counter() - began) * 1000
     label = f"{device}: {name}" if device is not None else name

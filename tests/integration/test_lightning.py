@@ -145,3 +145,22 @@ def test_registration_does_not_depend_on_import_order():
                             text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split()[-1] == "PhantomAccelerator"
+
+
+def test_a_failing_registration_warns_and_lightning_still_imports():
+    code = (
+        "import warnings\n"
+        "import torch_phantom.lightning\n"
+        "def broken(namespace):\n"
+        "    raise RuntimeError('registry moved')\n"
+        "torch_phantom.lightning.register = broken\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    warnings.simplefilter('always')\n"
+        "    import pytorch_lightning\n"
+        "print([str(w.message) for w in caught if 'torch_phantom' in str(w.message)])\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert ("torch_phantom could not register the phantom device with "
+            "pytorch_lightning.accelerators: RuntimeError: registry moved") in result.stdout
