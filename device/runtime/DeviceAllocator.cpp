@@ -6,6 +6,7 @@
 #include <phantom/KernelHostMemory.h>
 #include <phantom/Launch.h>
 #include <phantom/Stream.h>
+#include <phantom/common/settings.h>
 
 #include <c10/util/Exception.h>
 
@@ -708,49 +709,24 @@ class DeviceCachingAllocator {
 // ---------------------------------------------------------------------------
 // Settings.
 
+// The option list is parsed by the settings parser (device/common), with
+// the rules and the sentence every PHANTOM_* value has.
+static_assert(settings::kMaxSplitSizeMb.min == (kLargeBuffer >> 20) + 1,
+              "max_split_size_mb must be able to exceed a large-pool segment");
+
 AllocatorSettings parseAllocatorSettings(const std::string& text) {
-  AllocatorSettings settings;
-  size_t start = 0;
-  while (start < text.size()) {
-    size_t end = text.find(',', start);
-    if (end == std::string::npos) {
-      end = text.size();
-    }
-    const std::string item = text.substr(start, end - start);
-    start = end + 1;
-    if (item.empty()) {
-      continue;
-    }
-    const size_t colon = item.find(':');
-    TORCH_CHECK_VALUE(colon != std::string::npos,
-                      "PHANTOM_ALLOC_CONF: '", item,
-                      "' is not of the form key:value (e.g. max_split_size_mb:256)");
-    const std::string key = item.substr(0, colon);
-    const std::string value = item.substr(colon + 1);
-    char* parsed_end = nullptr;
-    if (key == "max_split_size_mb") {
-      const long long mb = std::strtoll(value.c_str(), &parsed_end, 10);
-      TORCH_CHECK_VALUE(!value.empty() && *parsed_end == '\0' &&
-                            mb > static_cast<long long>(kLargeBuffer >> 20),
-                        "PHANTOM_ALLOC_CONF: max_split_size_mb must be a whole "
-                        "number of MiB greater than ", kLargeBuffer >> 20,
-                        ", got '", value, "'");
-      settings.max_split_size = static_cast<size_t>(mb) << 20;
-    } else if (key == "garbage_collection_threshold") {
-      const double fraction = std::strtod(value.c_str(), &parsed_end);
-      TORCH_CHECK_VALUE(!value.empty() && *parsed_end == '\0' && fraction > 0 &&
-                            fraction < 1,
-                        "PHANTOM_ALLOC_CONF: garbage_collection_threshold must "
-                        "be a fraction between 0 and 1 (exclusive), got '",
-                        value, "'");
-      settings.garbage_collection_threshold = fraction;
-    } else {
-      TORCH_CHECK_VALUE(false, "PHANTOM_ALLOC_CONF: unknown option '", key,
-                        "'; known options are max_split_size_mb and "
-                        "garbage_collection_threshold");
-    }
+  settings::Value value;
+  std::string error;
+  TORCH_CHECK_VALUE(settings::Parse(settings::kAllocConf, text.c_str(), &value, &error),
+                    error);
+  AllocatorSettings result;
+  if (const auto* option = value.option(settings::kMaxSplitSizeMb)) {
+    result.max_split_size = static_cast<size_t>(option->number) << 20;
   }
-  return settings;
+  if (const auto* option = value.option(settings::kGarbageCollectionThreshold)) {
+    result.garbage_collection_threshold = option->fraction;
+  }
+  return result;
 }
 
 // ---------------------------------------------------------------------------
@@ -777,7 +753,7 @@ const AllocatorSettings& PhantomDeviceAllocator::settings() {
     return settings_;
   }
   std::call_once(init_, [this] {
-    const char* text = std::getenv("PHANTOM_ALLOC_CONF");
+    const char* text = std::getenv(settings::kAllocConf.name);
     settings_ = parseAllocatorSettings(text == nullptr ? "" : text);
     const c10::DeviceIndex count = deviceCountNoThrow();
     for (c10::DeviceIndex device = 0; device < count; ++device) {
