@@ -39,6 +39,7 @@
 #include <phantom/Generator.h>
 #include <phantom/KernelHostMemory.h>
 #include <phantom/Launch.h>
+#include <phantom/Settings.h>
 #include <phantom/Storage.h>
 #include <phantom/Stream.h>
 #include <phantom/ops/GenericPath.h>
@@ -1064,10 +1065,8 @@ bool sameAnswer(const Remembered& a, const Remembered& b) {
 }
 
 bool debugMemo() {
-  static const bool on = [] {
-    const char* value = std::getenv("PHANTOM_DEBUG_MEMO");
-    return value != nullptr && std::strcmp(value, "1") == 0;
-  }();
+  // Throws (on every call) if the value is malformed: phantom/Settings.h.
+  static const bool on = switchSetting("PHANTOM_DEBUG_MEMO");
   return on;
 }
 

@@ -23,6 +23,7 @@
 // turns that off (a debugging aid: every generic op then waits). Which
 // half each op took is counted (OpsReport.h).
 #include <phantom/Launch.h>
+#include <phantom/Settings.h>
 #include <phantom/Generator.h>
 #include <phantom/Stream.h>
 #include <phantom/ops/GenericPath.h>
@@ -37,8 +38,6 @@
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
-#include <cstdlib>
-#include <cstring>
 #include <optional>
 #include <string>
 #include <unordered_set>
@@ -259,10 +258,8 @@ void genericFallback(const c10::OperatorHandle& op, c10::DispatchKeySet,
   const c10::ArrayRef<c10::IValue> args = torch::jit::last(stack, num_args);
   const c10::Device device = findDevice(op, args);
   const c10::DeviceGuard guard(device);
-  static const bool force_sync = [] {
-    const char* value = std::getenv("PHANTOM_SYNC_GENERIC");
-    return value != nullptr && std::strcmp(value, "1") == 0;
-  }();
+  // Throws (on every call) if the value is malformed: phantom/Settings.h.
+  static const bool force_sync = switchSetting("PHANTOM_SYNC_GENERIC");
   // An op whose CPU entry is a composite kernel (registered for every
   // backend, not for CPU: addr_, mode.values, conj_physical_; see the
   // bottom of this file) has to be called through the dispatch table.

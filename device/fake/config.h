@@ -1,40 +1,29 @@
 // Configuration of the fake driver, read from the environment.
 //
 // The environment is read once per process, at the first HAL call that needs
-// it (std::call_once, so concurrent first calls are safe), and never again:
-// a device count that changed halfway through a process would invalidate
-// every handle above the HAL. An invalid value does not abort and is not
-// silently replaced by a default: the driver refuses to start, every call
-// returns PH_ERROR_NOT_INITIALIZED, and the message names the variable, its
-// value, what is accepted and how to fix it.
+// it, and never again: a device count that changed halfway through a process
+// would invalidate every handle above the HAL. An invalid value does not
+// abort and is not silently replaced by a default: the driver refuses to
+// start, every call returns PH_ERROR_NOT_INITIALIZED, and the message
+// (ph_last_error_message) is the settings parser's sentence, naming the
+// variable, its value, what is accepted and the default.
 //
-// Variables (an empty value counts as unset):
+// Variables (phantom/common/settings.h describes them and the rules every
+// PHANTOM_* value follows; the README lists them all):
 //   PHANTOM_DEVICE_COUNT   whole number 0..64, default 2.
 //   PHANTOM_DEVICE_MEMORY  bytes per device, 1 MiB..1 TiB, default 8 GiB.
-//                          Plain bytes ("1048576") or a binary suffix K, M,
-//                          G or T, optionally followed by "iB" or "B", any
-//                          case ("512MiB", "4G", "2gb"). Suffixes are powers
-//                          of 1024 whatever the spelling.
-//
-// The parse functions are exposed (to the fake's own tests, not above the
-// HAL) so every accepted and refused spelling is unit-tested without
-// starting a process per case.
 #ifndef PHANTOM_FAKE_CONFIG_H_
 #define PHANTOM_FAKE_CONFIG_H_
+
+#include <phantom/common/settings.h>
 
 #include <cstddef>
 #include <string>
 
 namespace phantom::fake {
 
-constexpr int kMaxDevices = 64;                     // PHANTOM_DEVICE_COUNT max
-constexpr int kDefaultDeviceCount = 2;
-constexpr size_t kMiB = size_t{1} << 20;
-constexpr size_t kGiB = size_t{1} << 30;
-constexpr size_t kTiB = size_t{1} << 40;
-constexpr size_t kMinDeviceMemory = kMiB;           // smallest capacity
-constexpr size_t kMaxDeviceMemory = kTiB;           // largest capacity
-constexpr size_t kDefaultDeviceMemory = 8 * kGiB;
+// The most devices PHANTOM_DEVICE_COUNT may ask for (fixed-size tables).
+constexpr int kMaxDevices = static_cast<int>(settings::kDeviceCount.max);
 
 struct Config {
   bool ok = false;        // false: the driver refuses to start
@@ -46,15 +35,8 @@ struct Config {
 // The process's configuration, parsed from the environment at first call.
 const Config& GetConfig();
 
-// Parses a PHANTOM_DEVICE_COUNT value. On failure returns false and sets
-// *error to a sentence naming the value. `text` must not be null.
-bool ParseDeviceCount(const char* text, int* out_count, std::string* error);
-
-// Parses a PHANTOM_DEVICE_MEMORY value; same conventions.
-bool ParseDeviceMemory(const char* text, size_t* out_bytes, std::string* error);
-
 // Builds a Config from explicit values (null = unset), as GetConfig() does
-// from the environment.
+// from the environment; exposed for the fake's own tests.
 Config MakeConfig(const char* device_count, const char* device_memory);
 
 }  // namespace phantom::fake

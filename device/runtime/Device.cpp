@@ -1,6 +1,7 @@
 // See phantom/Device.h.
 #include <phantom/Device.h>
 #include <phantom/Exception.h>
+#include <phantom/Settings.h>
 
 #include <c10/util/Exception.h>
 
@@ -33,6 +34,10 @@ void registerForkHandlerOnce() {
 struct DriverInfo {
   c10::DeviceIndex count = 0;
   std::string error;
+  // False when the driver did not start, has no device, or a setting the
+  // runtime reads is malformed (phantom/Settings.h): one flag keeps the
+  // check on every device call a single branch.
+  bool usable = false;
 };
 
 const DriverInfo& driverInfo() noexcept {
@@ -56,6 +61,7 @@ const DriverInfo& driverInfo() noexcept {
       return result;
     }
     result.count = static_cast<c10::DeviceIndex>(count);
+    result.usable = count > 0 && runtimeSettingsError().empty();
     return result;
   }();
   return info;
@@ -91,7 +97,10 @@ c10::DeviceIndex deviceCountOrThrow() {
     throwBadFork();
   }
   const DriverInfo& info = driverInfo();
-  if (C10_UNLIKELY(!info.error.empty() || info.count == 0)) {
+  if (C10_UNLIKELY(!info.usable)) {
+    if (info.error.empty() && info.count > 0) {
+      checkRuntimeSettings();  // throws c10::ValueError naming the setting
+    }
     throw c10::AcceleratorError(
         {__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
         PH_ERROR_NOT_INITIALIZED,

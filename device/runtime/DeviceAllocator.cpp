@@ -6,6 +6,7 @@
 #include <phantom/KernelHostMemory.h>
 #include <phantom/Launch.h>
 #include <phantom/Stream.h>
+#include <phantom/common/settings.h>
 
 #include <c10/util/Exception.h>
 
@@ -39,6 +40,9 @@ std::string formatBytes(size_t bytes) {
     std::snprintf(buffer, sizeof(buffer), "%.2f GiB", bytes / double(1 << 30));
   } else if (bytes >= (size_t{1} << 20)) {
     std::snprintf(buffer, sizeof(buffer), "%.2f MiB", bytes / double(1 << 20));
+  } else if (bytes >= (size_t{1} << 10)) {
+    // A small device's segments and capacity are KiB.
+    std::snprintf(buffer, sizeof(buffer), "%.2f KiB", bytes / double(1 << 10));
   } else {
     std::snprintf(buffer, sizeof(buffer), "%zu bytes", bytes);
   }
@@ -51,14 +55,27 @@ size_t roundSize(size_t size) {
              : kMinBlockSize * ((size + kMinBlockSize - 1) / kMinBlockSize);
 }
 
-size_t segmentSizeFor(size_t rounded) {
+// A segment bigger than the request it is made for keeps the rest for later
+// requests. On a small device that rest must not take the device: a segment
+// is at most 1/kSegmentShareOfDevice of the capacity, or the request itself
+// if that is bigger. Devices of 160 MiB and more keep CUDA's sizes
+// (docs/allocator.md, "Small devices").
+constexpr size_t kSegmentShareOfDevice = 8;
+
+size_t segmentCapFor(size_t capacity) {
+  const size_t share = capacity / kSegmentShareOfDevice;
+  return std::max(kMinBlockSize, share - share % kMinBlockSize);
+}
+
+// The segment to ask the driver for to serve a request of `rounded` bytes.
+size_t segmentSizeFor(size_t rounded, size_t segment_cap) {
+  size_t size = kRoundLarge * ((rounded + kRoundLarge - 1) / kRoundLarge);
   if (rounded <= kSmallSize) {
-    return kSmallBuffer;
+    size = kSmallBuffer;
+  } else if (rounded < kMinLargeAlloc) {
+    size = kLargeBuffer;
   }
-  if (rounded < kMinLargeAlloc) {
-    return kLargeBuffer;
-  }
-  return kRoundLarge * ((rounded + kRoundLarge - 1) / kRoundLarge);
+  return size <= segment_cap ? size : std::max(rounded, segment_cap);
 }
 
 struct Block;
@@ -252,6 +269,7 @@ class DeviceCachingAllocator {
       : device_(device), settings_(settings) {
     size_t free_bytes = 0;
     PHANTOM_CHECK(ph_mem_get_info(device, &free_bytes, &capacity_));
+    segment_cap_ = segmentCapFor(capacity_);
   }
 
   Block* malloc(size_t requested, c10::StreamId stream) {
@@ -264,7 +282,7 @@ class DeviceCachingAllocator {
       block = newSegment(pool, stream, size, lock);
     }
     if (block == nullptr) {
-      throwOutOfMemory(requested, lock);
+      throwOutOfMemory(requested, segmentSizeFor(size, segment_cap_), lock);
     }
     block = splitForRequest(block, size);
     block->allocated = true;
@@ -467,7 +485,7 @@ class DeviceCachingAllocator {
 
   Block* newSegment(BlockPool& pool, c10::StreamId stream, size_t size,
                     std::unique_lock<std::mutex>& lock) {
-    const size_t segment_size = segmentSizeFor(size);
+    const size_t segment_size = segmentSizeFor(size, segment_cap_);
     maybeCollectGarbage(segment_size, lock);
     void* ptr = nullptr;
     ph_status_t status = ph_malloc(device_, segment_size, &ptr);
@@ -670,8 +688,13 @@ class DeviceCachingAllocator {
     releaseAfterSync(lock);
   }
 
-  [[noreturn]] void throwOutOfMemory(size_t requested,
+  // Called right after the driver refused `segment_size` bytes: its
+  // ph_last_error_message() (this thread's) still says why, in the
+  // driver's words (for the fake: the largest free range, and the setting
+  // that sets the capacity).
+  [[noreturn]] void throwOutOfMemory(size_t requested, size_t segment_size,
                                      std::unique_lock<std::mutex>& lock) {
+    const std::string driver_says = ph_last_error_message();
     stats_.num_ooms += 1;
     const int64_t allocated = stats_.allocated_bytes[kAggregate].current;
     const int64_t reserved = stats_.reserved_bytes[kAggregate].current;
@@ -679,22 +702,33 @@ class DeviceCachingAllocator {
     size_t total = 0;
     (void)ph_mem_get_info(device_, &free_bytes, &total);
     lock.unlock();
+    // When the segment is bigger than the request, the segment is what
+    // found no room: say so, or "free on the device" below would seem to
+    // contradict the failure.
+    const std::string segment =
+        segment_size > requested
+            ? ", which needs a new " + formatBytes(segment_size) +
+                  " segment of device memory (the caching allocator serves "
+                  "requests of this size from segments of that size), and "
+                  "the device has no free range that large"
+            : std::string();
     TORCH_CHECK_WITH(
         OutOfMemoryError, false, "phantom out of memory: tried to allocate ",
         formatBytes(requested), " (", requested, " bytes) on phantom:",
-        static_cast<int>(device_), ". Device capacity ", formatBytes(total),
-        "; allocated by PyTorch ", formatBytes(allocated),
+        static_cast<int>(device_), segment, ". Device capacity ",
+        formatBytes(total), "; allocated by PyTorch ", formatBytes(allocated),
         "; reserved by PyTorch ", formatBytes(reserved), " (",
         formatBytes(reserved - allocated),
         " of it cached, not in use); free on the device ",
         formatBytes(free_bytes),
-        ". Free tensors you no longer need, use smaller batches, or raise "
-        "the capacity with PHANTOM_DEVICE_MEMORY.");
+        ". Free tensors you no longer need, or use smaller batches.",
+        driver_says.empty() ? "" : " The driver says: ", driver_says);
   }
 
   const c10::DeviceIndex device_;
   const AllocatorSettings& settings_;
   size_t capacity_ = 0;
+  size_t segment_cap_ = 0;  // largest segment bigger than its request
 
   std::mutex mutex_;  // guards everything below
   BlockPool small_{true};
@@ -708,49 +742,24 @@ class DeviceCachingAllocator {
 // ---------------------------------------------------------------------------
 // Settings.
 
+// The option list is parsed by the settings parser (device/common), with
+// the rules and the sentence every PHANTOM_* value has.
+static_assert(settings::kMaxSplitSizeMb.min == (kLargeBuffer >> 20) + 1,
+              "max_split_size_mb must be able to exceed a large-pool segment");
+
 AllocatorSettings parseAllocatorSettings(const std::string& text) {
-  AllocatorSettings settings;
-  size_t start = 0;
-  while (start < text.size()) {
-    size_t end = text.find(',', start);
-    if (end == std::string::npos) {
-      end = text.size();
-    }
-    const std::string item = text.substr(start, end - start);
-    start = end + 1;
-    if (item.empty()) {
-      continue;
-    }
-    const size_t colon = item.find(':');
-    TORCH_CHECK_VALUE(colon != std::string::npos,
-                      "PHANTOM_ALLOC_CONF: '", item,
-                      "' is not of the form key:value (e.g. max_split_size_mb:256)");
-    const std::string key = item.substr(0, colon);
-    const std::string value = item.substr(colon + 1);
-    char* parsed_end = nullptr;
-    if (key == "max_split_size_mb") {
-      const long long mb = std::strtoll(value.c_str(), &parsed_end, 10);
-      TORCH_CHECK_VALUE(!value.empty() && *parsed_end == '\0' &&
-                            mb > static_cast<long long>(kLargeBuffer >> 20),
-                        "PHANTOM_ALLOC_CONF: max_split_size_mb must be a whole "
-                        "number of MiB greater than ", kLargeBuffer >> 20,
-                        ", got '", value, "'");
-      settings.max_split_size = static_cast<size_t>(mb) << 20;
-    } else if (key == "garbage_collection_threshold") {
-      const double fraction = std::strtod(value.c_str(), &parsed_end);
-      TORCH_CHECK_VALUE(!value.empty() && *parsed_end == '\0' && fraction > 0 &&
-                            fraction < 1,
-                        "PHANTOM_ALLOC_CONF: garbage_collection_threshold must "
-                        "be a fraction between 0 and 1 (exclusive), got '",
-                        value, "'");
-      settings.garbage_collection_threshold = fraction;
-    } else {
-      TORCH_CHECK_VALUE(false, "PHANTOM_ALLOC_CONF: unknown option '", key,
-                        "'; known options are max_split_size_mb and "
-                        "garbage_collection_threshold");
-    }
+  settings::Value value;
+  std::string error;
+  TORCH_CHECK_VALUE(settings::Parse(settings::kAllocConf, text.c_str(), &value, &error),
+                    error);
+  AllocatorSettings result;
+  if (const auto* option = value.option(settings::kMaxSplitSizeMb)) {
+    result.max_split_size = static_cast<size_t>(option->number) << 20;
   }
-  return settings;
+  if (const auto* option = value.option(settings::kGarbageCollectionThreshold)) {
+    result.garbage_collection_threshold = option->fraction;
+  }
+  return result;
 }
 
 // ---------------------------------------------------------------------------
@@ -777,7 +786,7 @@ const AllocatorSettings& PhantomDeviceAllocator::settings() {
     return settings_;
   }
   std::call_once(init_, [this] {
-    const char* text = std::getenv("PHANTOM_ALLOC_CONF");
+    const char* text = std::getenv(settings::kAllocConf.name);
     settings_ = parseAllocatorSettings(text == nullptr ? "" : text);
     const c10::DeviceIndex count = deviceCountNoThrow();
     for (c10::DeviceIndex device = 0; device < count; ++device) {

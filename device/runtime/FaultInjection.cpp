@@ -12,12 +12,11 @@
 #include <phantom/Device.h>
 #include <phantom/FaultInjection.h>
 #include <phantom/hal.h>
+#include <phantom/common/settings.h>
 
 #include <c10/util/Exception.h>
 
-#include <cerrno>
 #include <chrono>
-#include <cstdlib>
 #include <string>
 #include <thread>
 
@@ -36,9 +35,10 @@ constexpr uint32_t kKernelArmed = 1u << 2;
 constexpr uint32_t kLatency = 1u << 3;
 constexpr uint32_t kBadEnvironment = 1u << 4;
 
-constexpr const char* kAllocVariable = "PHANTOM_FAULT_ALLOC";
-constexpr const char* kKernelVariable = "PHANTOM_FAULT_KERNEL";
-constexpr const char* kLatencyVariable = "PHANTOM_FAULT_LATENCY_US";
+constexpr const char* kAllocVariable = settings::kFaultAlloc.name;
+constexpr const char* kKernelVariable = settings::kFaultKernel.name;
+static_assert(settings::kFaultLatencyUs.max == kMaxFaultLatencyUs,
+              "the environment and Python accept the same latencies");
 
 // A one-shot countdown plus what armed it.
 struct Knob {
@@ -116,47 +116,36 @@ void sleepMicroseconds(int64_t microseconds) {
   std::this_thread::sleep_for(std::chrono::microseconds(microseconds));
 }
 
-// Read once when the library loads, before any allocation or launch. A bad
-// value cannot throw from a static initialiser; it is kept and raised by
-// checkFaultEnvironment (at Python import) or by the first hook.
+// Read once when the library loads, before any allocation or launch, with
+// the settings parser (device/common). A bad value cannot throw from a
+// static initialiser; it is kept and raised by checkFaultEnvironment and by
+// the first hook (and the device refuses to start: phantom/Settings.h).
 struct ReadEnvironment {
   ReadEnvironment() {
-    try {
-      if (const char* text = std::getenv(kAllocVariable); text && *text) {
-        allocation_knob.arm(parseFaultKnob(kAllocVariable, text, 1, INT64_MAX),
-                            true);
-      }
-      if (const char* text = std::getenv(kKernelVariable); text && *text) {
-        kernel_knob.arm(parseFaultKnob(kKernelVariable, text, 1, INT64_MAX),
-                        true);
-      }
-      if (const char* text = std::getenv(kLatencyVariable); text && *text) {
-        setFaultLatencyUs(
-            parseFaultKnob(kLatencyVariable, text, 0, kMaxFaultLatencyUs));
-      }
-    } catch (const c10::Error& e) {
-      environmentError() = e.what_without_backtrace();
+    settings::Value allocation;
+    settings::Value kernel;
+    settings::Value latency;
+    std::string error;
+    if (!settings::ReadEnvironment(settings::kFaultAlloc, &allocation, &error) ||
+        !settings::ReadEnvironment(settings::kFaultKernel, &kernel, &error) ||
+        !settings::ReadEnvironment(settings::kFaultLatencyUs, &latency, &error)) {
+      environmentError() = error;
       active.fetch_or(kBadEnvironment, std::memory_order_release);
+      return;
+    }
+    if (allocation.set) {
+      allocation_knob.arm(static_cast<int64_t>(allocation.number), true);
+    }
+    if (kernel.set) {
+      kernel_knob.arm(static_cast<int64_t>(kernel.number), true);
+    }
+    if (latency.set) {
+      setFaultLatencyUs(static_cast<int64_t>(latency.number));
     }
   }
 } read_environment;
 
 }  // namespace
-
-int64_t parseFaultKnob(const char* variable, const std::string& text,
-                       int64_t min, int64_t max) {
-  char* end = nullptr;
-  errno = 0;
-  const long long value = std::strtoll(text.c_str(), &end, 10);
-  TORCH_CHECK_VALUE(
-      !text.empty() && end != nullptr && *end == '\0' && errno == 0 &&
-          value >= min && value <= max,
-      variable, ": expected a whole number from ", min,
-      max == INT64_MAX ? std::string(" up") : " to " + std::to_string(max),
-      ", got '", text, "'. Unset the variable to turn the knob off "
-      "(see docs/fault-injection.md).");
-  return value;
-}
 
 void checkFaultEnvironment() {
   if (active.load(std::memory_order_acquire) & kBadEnvironment) {

@@ -1,6 +1,7 @@
 // See phantom/KernelHostMemory.h.
 #include <phantom/KernelHostMemory.h>
 #include <phantom/Launch.h>
+#include <phantom/Settings.h>
 
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/alloc_cpu.h>
@@ -8,8 +9,6 @@
 
 #include <pthread.h>
 
-#include <cstdlib>
-#include <cstring>
 
 #include <mutex>
 #include <new>
@@ -239,11 +238,9 @@ void* takeLentBlock(size_t nbytes) {
 
 LendingScope::LendingScope() {
   // PHANTOM_NO_LENDING=1: the way out if a kernel turns out to keep a
-  // buffer (the scope's owner then fails the op and says so).
-  static const bool disabled = [] {
-    const char* value = std::getenv("PHANTOM_NO_LENDING");
-    return value != nullptr && std::strcmp(value, "1") == 0;
-  }();
+  // buffer (the scope's owner then fails the op and says so). A malformed
+  // value never gets here: the device refuses to start (phantom/Settings.h).
+  static const bool disabled = switchSetting("PHANTOM_NO_LENDING");
   // Lending needs the wrapped allocator, which device work installs.
   if (!disabled && open_scope == nullptr && instance != nullptr && inDeviceWork()) {
     open_scope = this;

@@ -16,12 +16,19 @@ that off.
 
 import torch
 
-from ._name import BACKEND_NAME
-from . import _C  # noqa: F401  (loads libphantom: registers the backend)
-from . import device_module as _device_module
-from . import memory as _memory
-from . import faults  # noqa: F401  (also torch.phantom.faults)
-from . import _exit  # noqa: F401  (releases autograd's graph tasks at exit)
+from . import _settings
+
+# Every PHANTOM_* setting is checked first, by the C++ settings parser
+# (torch-free, csrc/Settings.cpp): a malformed value raises one ValueError
+# (_settings.SettingError) naming the variable and what it accepts, before
+# libphantom is loaded, so torch is left as it was and no exit hook exists.
+_settings.check()
+
+from ._name import BACKEND_NAME  # noqa: E402
+from . import _C  # noqa: E402,F401  (loads libphantom: registers the backend)
+from . import device_module as _device_module  # noqa: E402
+from . import faults  # noqa: E402,F401  (also torch.phantom.faults)
+from . import _exit  # noqa: E402  (releases autograd's graph tasks at exit)
 
 __all__ = ["BACKEND_NAME", "faults", "ops_report", "reset_ops_report"]
 __version__ = "0.1.0"
@@ -38,31 +45,6 @@ def _register() -> None:
 
 
 _register()
-
-# A malformed PHANTOM_ALLOC_CONF is an error at start-up, not at the first
-# allocation deep inside a model.
-_memory._allocator_settings()
-# Likewise a malformed PHANTOM_FAULT_* knob (torch_phantom.faults).
-_C._faults_check_environment()
-
-
-def _check_switches() -> None:
-    """The on/off settings take 0 or 1. Anything else ("true", "yes", a
-    typo) would silently mean off, so it is an error at start-up, as a
-    malformed PHANTOM_ALLOC_CONF is."""
-    import os
-
-    for name in ("PHANTOM_SYNC_GENERIC", "PHANTOM_OPS_REPORT", "PHANTOM_DEBUG_MEMO",
-                 "PHANTOM_NO_LENDING"):
-        value = os.environ.get(name)
-        if value not in (None, "", "0", "1"):
-            raise ValueError(
-                f"{name}={value!r} is not 0 or 1; set {name}=1 to turn it "
-                f"on, or unset it"
-            )
-
-
-_check_switches()
 
 
 def ops_report() -> list:
@@ -90,7 +72,9 @@ def _print_ops_report_at_exit() -> None:
               f"{row['sync_reason']}")
 
 
-if __import__("os").environ.get("PHANTOM_OPS_REPORT") == "1":
+# Exit hooks last, once the package has loaded.
+_exit.install()
+if _settings.value("PHANTOM_OPS_REPORT"):
     __import__("atexit").register(_print_ops_report_at_exit)
 
 # Registers phantom with PyTorch Lightning when it is imported

@@ -12,8 +12,9 @@ without an active exception``, after all of the script's output
 (docs/reliability.md, "An abort at exit right after backward()"). CUDA has
 the same threads and the same race; the CPU runs backward on the caller.
 
-The fix owns no PyTorch code: an ``atexit`` hook, registered when the
-package is imported (so it runs after the user's own hooks), runs one
+The fix owns no PyTorch code: an ``atexit`` hook, registered at the end
+of the package's import (so it runs after the user's own hooks, and never
+for an import that failed, say on a malformed setting), runs one
 scalar backward on every phantom device through the engine directly
 (``Variable._execution_engine.run_backward``, which stashes nothing). A
 device thread finishes its previous task, dropping that graph task, before
@@ -29,6 +30,8 @@ import atexit
 import os
 
 import torch
+
+from . import device_module
 
 
 def _autograd_device_threads_exist() -> bool:
@@ -49,8 +52,6 @@ def _autograd_device_threads_exist() -> bool:
 def release_autograd_graph_tasks() -> None:
     """Makes every autograd device thread that serves a phantom device
     finish, and release, the graph task it ran last."""
-    from . import device_module
-
     if not device_module.is_initialized() or not _autograd_device_threads_exist():
         return
     from torch.autograd import Variable
@@ -65,4 +66,6 @@ def release_autograd_graph_tasks() -> None:
             pass
 
 
-atexit.register(release_autograd_graph_tasks)
+def install() -> None:
+    """Registers the exit hook; the package calls it once it has loaded."""
+    atexit.register(release_autograd_graph_tasks)

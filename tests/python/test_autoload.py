@@ -3,7 +3,9 @@
 With the package installed, ``import torch`` alone must make
 ``torch.phantom`` and the ``phantom`` device available;
 ``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` must turn that off; and a broken
-installation must only warn, never break ``import torch``.
+installation must only warn, never break ``import torch``. (A malformed
+``PHANTOM_*`` setting is one warning too, without the advice to reinstall:
+tests/python/test_settings.py checks stderr for every setting.)
 
 The tests against the installed distribution skip in dev builds (where the
 package is on PYTHONPATH but not installed). The others simulate an

@@ -243,49 +243,8 @@ def test_error_on_device_1_leaves_device_usable(two_devices):
 # --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("value", ["abc", "-1"])
-def test_invalid_device_count_configuration(value):
-    code = """
-import torch, torch_phantom
-assert torch.phantom.is_available() is False, "is_available"
-assert torch.phantom.device_count() == 0, "device_count"
-assert torch.accelerator.device_count() == 0, "accelerator.device_count"
-try:
-    torch.randn(1, device="phantom")
-except RuntimeError as error:
-    assert "PHANTOM_DEVICE_COUNT" in str(error), str(error)
-else:
-    raise AssertionError("randn on an unavailable device did not raise")
-try:
-    torch.phantom.current_device()
-except RuntimeError as error:
-    assert "PHANTOM_DEVICE_COUNT" in str(error), str(error)
-else:
-    raise AssertionError("current_device did not raise")
-# The CPU is unaffected.
-assert torch.ones(2).sum().item() == 2
-print("ok")
-"""
-    result = run_python(code, {"PHANTOM_DEVICE_COUNT": value})
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip().endswith("ok")
-
-
-def test_invalid_device_memory_configuration():
-    code = """
-import torch, torch_phantom
-assert torch.phantom.device_count() == 0
-try:
-    torch.ones(1, device="phantom")
-except RuntimeError as error:
-    assert "PHANTOM_DEVICE_MEMORY" in str(error), str(error)
-else:
-    raise AssertionError("no error")
-print("ok")
-"""
-    result = run_python(code, {"PHANTOM_DEVICE_MEMORY": "lots"})
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.strip().endswith("ok")
+# A malformed PHANTOM_* value fails `import torch_phantom` before anything
+# loads: test_settings.py tries every setting. Zero devices is well formed.
 
 
 def test_zero_devices_configuration():

@@ -175,21 +175,4 @@ TEST_F(Faults, LatencyRunsOnTheStreamSoTheLaunchReturnsFirst) {
   EXPECT_GE(started - launched, std::chrono::microseconds(kLatencyUs));
 }
 
-TEST(FaultKnobs, EnvironmentValuesAreParsedAndBadOnesNameTheVariable) {
-  EXPECT_EQ(phantom::parseFaultKnob("PHANTOM_FAULT_ALLOC", "12", 1, INT64_MAX),
-            12);
-  for (const char* bad : {"", "0", "-3", "abc", "5x", "99999999999999999999"}) {
-    try {
-      phantom::parseFaultKnob("PHANTOM_FAULT_ALLOC", bad, 1, INT64_MAX);
-      FAIL() << "accepted '" << bad << "'";
-    } catch (const c10::ValueError& e) {
-      EXPECT_TRUE(contains(e.what(), "PHANTOM_FAULT_ALLOC")) << e.what();
-      EXPECT_TRUE(contains(e.what(), std::string("'") + bad + "'")) << e.what();
-    }
-  }
-  EXPECT_THROW(phantom::parseFaultKnob("PHANTOM_FAULT_LATENCY_US", "20000000",
-                                       0, phantom::kMaxFaultLatencyUs),
-               c10::ValueError);
-}
-
 }  // namespace

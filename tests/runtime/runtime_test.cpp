@@ -640,10 +640,22 @@ TEST(CachingAllocator, SettingsAreParsedAndBadOnesAreClearErrors) {
   EXPECT_EQ(settings.max_split_size, size_t{64} << 20);
   EXPECT_DOUBLE_EQ(settings.garbage_collection_threshold, 0.5);
   EXPECT_EQ(phantom::parseAllocatorSettings("").max_split_size, SIZE_MAX);
+  // Spelled as every PHANTOM_* value may be (phantom/common/settings.h).
+  settings = phantom::parseAllocatorSettings(" MAX_SPLIT_SIZE_MB : 64 ");
+  EXPECT_EQ(settings.max_split_size, size_t{64} << 20);
   for (const char* bad : {"max_split_size_mb:abc", "max_split_size_mb:4",
                           "garbage_collection_threshold:1.5", "bogus:1",
-                          "max_split_size_mb"}) {
-    EXPECT_THROW(phantom::parseAllocatorSettings(bad), c10::ValueError) << bad;
+                          "max_split_size_mb",
+                          "max_split_size_mb:99999999999999999999"}) {
+    try {
+      phantom::parseAllocatorSettings(bad);
+      ADD_FAILURE() << "accepted '" << bad << "'";
+    } catch (const c10::ValueError& e) {
+      const std::string message = e.what_without_backtrace();
+      EXPECT_EQ(message.rfind(std::string("PHANTOM_ALLOC_CONF='") + bad + "' is not ", 0), 0u)
+          << message;
+      EXPECT_NE(message.find("unset it for the default"), std::string::npos) << message;
+    }
   }
 }
 

@@ -8,7 +8,9 @@
 //  - Sizes are rounded up to kMinBlockSize. Requests up to kSmallSize come
 //    from the small pool, carved out of kSmallBuffer segments; larger ones
 //    come from the large pool (segments of kLargeBuffer for requests below
-//    kMinLargeAlloc, else the size rounded up to kRoundLarge).
+//    kMinLargeAlloc, else the size rounded up to kRoundLarge). On a device
+//    smaller than 160 MiB a segment takes at most 1/8 of the capacity (or
+//    just the request), so a 1 MiB device works too.
 //  - A block belongs to the stream that was current when it was allocated.
 //    A freed block goes back to its pool and is handed out again only to
 //    allocations on the same stream, whose later work is ordered after the
@@ -25,10 +27,13 @@
 //    streams: on empty_cache(), when an allocation fails (free every cached
 //    segment, retry once), and past the garbage-collection threshold.
 //  - Out of memory after that raises c10::OutOfMemoryError with the full
-//    accounting: requested, capacity, allocated, reserved and free bytes.
+//    accounting: requested, the segment that found no room when it is
+//    bigger, capacity, allocated, reserved and free bytes, and the driver's
+//    own message.
 //
 // Settings: PHANTOM_ALLOC_CONF="max_split_size_mb:N,garbage_collection_threshold:F"
-// (see docs/allocator.md). A malformed value is an error at start-up.
+// (see docs/allocator.md), parsed by the settings parser
+// (phantom/common/settings.h). A malformed value is an error at start-up.
 //
 // Locking: one mutex per device guards that device's pools, blocks and
 // statistics. It is never held while waiting for a stream, and the GIL is

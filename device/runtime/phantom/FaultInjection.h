@@ -34,9 +34,11 @@
 // Counting starts with the first resetFaults() or arming, and from then on
 // costs one atomic increment per allocation and per launch.
 //
-// A malformed environment value is remembered at load time; the Python
-// import raises it (checkFaultEnvironment), and a C++ program gets it as a
-// c10::ValueError from the first allocation or launch.
+// The environment values are parsed by the settings parser
+// (phantom/common/settings.h). A malformed one is remembered at load time;
+// the device then refuses to start (phantom/Settings.h), so a C++ program
+// gets it as a c10::ValueError from its first use of the device, and Python's
+// import raises it before loading the runtime.
 #pragma once
 
 #include <phantom/Stream.h>
@@ -78,12 +80,6 @@ int64_t faultLatencyUs();
 // Throws c10::ValueError naming the variable if an environment knob had a
 // malformed value at start-up; no-op otherwise.
 void checkFaultEnvironment();
-
-// Parses one knob's value as the environment reader does (exposed for
-// tests): a whole number in [min, max]; throws c10::ValueError naming
-// `variable` otherwise.
-int64_t parseFaultKnob(const char* variable, const std::string& text,
-                       int64_t min, int64_t max);
 
 namespace faults_detail {
 // Nonzero while any knob is armed or counting is on: the hooks' fast path.
