@@ -265,7 +265,6 @@ PYBIND11_MODULE(_C, m) {
   m.def("_reset_ops_report", [] { phantom::resetOpsReport(); });
 
   // Fault injection (torch_phantom/faults.py).
-  m.def("_faults_check_environment", [] { phantom::checkFaultEnvironment(); });
   m.def("_faults_fail_allocation",
         [](int64_t k) { phantom::failAllocation(k); });
   m.def("_faults_fail_kernel", [](int64_t k) { phantom::failKernel(k); });

@@ -32,23 +32,7 @@ from typing import Callable, List, Optional, Tuple
 import torch
 
 import torch_phantom
-from torch_phantom import _C
-
-# Every setting phantom reads: (variable, default as users write it, meaning).
-SETTINGS = (
-    ("PHANTOM_DEVICE_COUNT", "2", "number of devices (0-64)"),
-    ("PHANTOM_DEVICE_MEMORY", "8GiB", "capacity of each device"),
-    ("PHANTOM_ALLOC_CONF", "", "caching allocator options (docs/allocator.md)"),
-    ("PHANTOM_OPS_REPORT", "0", "1 prints, at exit, which path each op took"),
-    ("PHANTOM_SYNC_GENERIC", "0", "1 makes every generic-path op wait"),
-    ("PHANTOM_NO_LENDING", "0", "1 stops lending output memory to CPU kernels"),
-    ("PHANTOM_DEBUG_MEMO", "0", "1 prints the call signatures the generic path cannot queue"),
-    ("PHANTOM_FAULT_ALLOC", "0", "fail the k-th device allocation (docs/fault-injection.md)"),
-    ("PHANTOM_FAULT_KERNEL", "0", "fail the k-th kernel (docs/fault-injection.md)"),
-    ("PHANTOM_FAULT_LATENCY_US", "0", "add n us to every kernel and copy"),
-    ("TORCH_DEVICE_BACKEND_AUTOLOAD", "1", "0 stops `import torch` from loading phantom"),
-)
-
+from torch_phantom import _C, _settings
 
 def _size(nbytes: int) -> str:
     for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
@@ -101,13 +85,23 @@ def _parsed(name: str, hal: dict) -> str:
 
 
 def _setting_lines(hal: dict) -> List[str]:
+    """Every setting in phantom's one catalogue (torch_phantom._settings),
+    then torch's autoload switch, then any PHANTOM_* variable phantom does
+    not read (a typo is otherwise silently ignored)."""
     lines = []
-    for name, default, meaning in SETTINGS:
+    catalogue = _settings.catalogue()
+    for spec in catalogue:
+        name = spec["name"]
         value = os.environ.get(name)
-        shown = f"{value!r} (set)" if value is not None else f"{default or '(none)'} (default)"
+        shown = f"{value!r} (set)" if value is not None else f"default {spec['default']}"
         parsed = _parsed(name, hal)
-        lines.append(f"{name:<30} {shown:<20} {meaning}" + (f"; in force: {parsed}" if parsed else ""))
-    known = {name for name, _, _ in SETTINGS}
+        lines.append(f"{name:<30} {shown:<20} {spec['meaning']}"
+                     + (f"; in force: {parsed}" if parsed else ""))
+    autoload = os.environ.get("TORCH_DEVICE_BACKEND_AUTOLOAD")
+    lines.append(f"{'TORCH_DEVICE_BACKEND_AUTOLOAD':<30} "
+                 f"{(repr(autoload) + ' (set)') if autoload is not None else 'default 1':<20} "
+                 f"0 stops `import torch` from loading phantom")
+    known = {spec["name"] for spec in catalogue}
     for name in sorted(os.environ):
         if name.startswith("PHANTOM_") and name not in known:
             lines.append(f"{name:<30} {os.environ[name]!r:<20} UNKNOWN: phantom does not read "

@@ -65,12 +65,6 @@ def memory_snapshot() -> list:
     return _C._memory_snapshot()
 
 
-def _allocator_settings() -> Dict[str, Any]:
-    """The PHANTOM_ALLOC_CONF settings in force; raises ValueError, naming
-    the bad option, if the variable is malformed."""
-    return _C._check_allocator_settings()
-
-
 def host_memory_stats() -> Dict[str, Any]:
     """Statistics of the pinned host memory cache, flattened like
     ``torch.cuda.host_memory_stats()`` (``allocated_bytes.current``, ...)."""

@@ -53,7 +53,7 @@ def test_a_healthy_device_reports_everything_and_exits_0():
     assert "Devices (2)" in out
     assert len(re.findall(r"phantom:\d  Phantom fake accelerator: 512\.00 MiB", out)) == 2
     assert re.search(r"PHANTOM_DEVICE_MEMORY\s+'512MiB' \(set\).*in force: 512\.00 MiB per device", out)
-    assert re.search(r"PHANTOM_SYNC_GENERIC\s+0 \(default\)", out)
+    assert re.search(r"PHANTOM_SYNC_GENERIC\s+default 0 \(off\)", out)
     assert re.search(r"PHANTOM_DEVICES\s+'4'\s+UNKNOWN", out)
     # Every check, on both devices, passed.
     checks = _check_lines(out)
