@@ -82,7 +82,8 @@ bool ParseDeviceMemory(const char* text, size_t* out_bytes,
   return true;
 }
 
-Config MakeConfig(const char* device_count, const char* device_memory) {
+Config MakeConfig(const char* device_count, const char* device_memory,
+                  const char* no_ipc) {
   Config config;
   config.device_count = kDefaultDeviceCount;
   config.device_memory = kDefaultDeviceMemory;
@@ -97,6 +98,17 @@ Config MakeConfig(const char* device_count, const char* device_memory) {
     config.device_count = 0;
     return config;
   }
+  if (no_ipc != nullptr && *no_ipc != '\0') {
+    const std::string value = no_ipc;
+    if (value != "0" && value != "1") {
+      config.error = "PHANTOM_FAKE_NO_IPC='" + value +
+                     "' is not 0 or 1; unset it (it is a test-only switch: "
+                     "1 makes the fake refuse interprocess sharing)";
+      config.device_count = 0;
+      return config;
+    }
+    config.ipc = value == "0";
+  }
   config.ok = true;
   return config;
 }
@@ -108,7 +120,8 @@ const Config& GetConfig() {
   // on the path of every driver call.
   static const Config* const config =
       new Config(MakeConfig(std::getenv("PHANTOM_DEVICE_COUNT"),
-                            std::getenv("PHANTOM_DEVICE_MEMORY")));
+                            std::getenv("PHANTOM_DEVICE_MEMORY"),
+                            std::getenv("PHANTOM_FAKE_NO_IPC")));
   return *config;
 }
 

@@ -15,6 +15,10 @@
 //                          G or T, optionally followed by "iB" or "B", any
 //                          case ("512MiB", "4G", "2gb"). Suffixes are powers
 //                          of 1024 whatever the spelling.
+//   PHANTOM_FAKE_NO_IPC    test-only: 1 makes the fake answer
+//                          PH_ERROR_UNIMPLEMENTED to every interprocess
+//                          sharing call, as a driver without that
+//                          capability does; 0 or unset: sharing works.
 //
 // The parse functions are exposed (to the fake's own tests, not above the
 // HAL) so every accepted and refused spelling is unit-tested without
@@ -41,6 +45,7 @@ struct Config {
   std::string error;      // why, when !ok
   int device_count = 0;
   size_t device_memory = 0;  // capacity of each device in bytes
+  bool ipc = true;  // interprocess sharing offered (PHANTOM_FAKE_NO_IPC)
 };
 
 // The process's configuration, parsed from the environment at first call.
@@ -55,7 +60,8 @@ bool ParseDeviceMemory(const char* text, size_t* out_bytes, std::string* error);
 
 // Builds a Config from explicit values (null = unset), as GetConfig() does
 // from the environment.
-Config MakeConfig(const char* device_count, const char* device_memory);
+Config MakeConfig(const char* device_count, const char* device_memory,
+                  const char* no_ipc = nullptr);
 
 }  // namespace phantom::fake
 
