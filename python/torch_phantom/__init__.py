@@ -22,6 +22,7 @@ from . import device_module as _device_module
 from . import memory as _memory
 from . import faults  # noqa: F401  (also torch.phantom.faults)
 from . import _exit  # noqa: F401  (releases autograd's graph tasks at exit)
+from . import reductions as _reductions
 
 __all__ = ["BACKEND_NAME", "faults", "ops_report", "reset_ops_report"]
 __version__ = "0.1.0"
@@ -38,6 +39,8 @@ def _register() -> None:
 
 
 _register()
+# Phantom tensors and events through torch.multiprocessing (reductions.py).
+_reductions._register()
 
 # A malformed PHANTOM_ALLOC_CONF is an error at start-up, not at the first
 # allocation deep inside a model.
