@@ -4,18 +4,20 @@
 #include <phantom/Ipc.h>
 #include <phantom/Stream.h>
 
-#include <ATen/MapAllocator.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/util/Exception.h>
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
-#include <random>
 #include <utility>
 #include <vector>
 
@@ -26,20 +28,105 @@ const char* const kSendCpuInstead =
     "Phantom tensors cannot be sent to another process with this driver: it "
     "cannot share device memory between processes";
 
-// --- Reference-counter files (the sender's side) ----------------------------
+// --- Reference-counter files ---------------------------------------------------
 
-// One shared-memory file of kIpcRefCounterSlots counters. Slots are handed
-// out in order and never reused; the file goes once every slot was handed
-// out and returned.
+constexpr size_t kCounterFileBytes = sizeof(int64_t) * kIpcRefCounterSlots;
+
+// kIpcRefCounterSlots counters in shared memory: a memfd, named for other
+// processes as "<pid>:<fd>:<inode>:<dev>", which they open through
+// /proc/<pid>/fd (the process must be alive then, as it must for the
+// memory itself). Being anonymous, it leaves nothing behind when the
+// process ends, even killed. Unmapped (and closed, for the creator) when the
+// last holder lets go.
+class CounterFile {
+ public:
+  // A new file, or null with *error set.
+  static std::shared_ptr<CounterFile> create(std::string* error) {
+    const int fd = memfd_create("phantom-ipc-counters", MFD_CLOEXEC);
+    if (fd < 0) {
+      *error = std::string("memfd_create: ") + std::strerror(errno);
+      return nullptr;
+    }
+    struct stat info = {};
+    if (ftruncate(fd, kCounterFileBytes) != 0 || fstat(fd, &info) != 0) {
+      *error = std::string("ftruncate: ") + std::strerror(errno);
+      close(fd);
+      return nullptr;
+    }
+    auto file = map(fd, error);
+    if (!file) {
+      close(fd);
+      return nullptr;
+    }
+    file->fd_ = fd;
+    file->name_ = std::to_string(getpid()) + ":" + std::to_string(fd) + ":" +
+                  std::to_string(info.st_ino) + ":" + std::to_string(info.st_dev);
+    return file;
+  }
+
+  // Another process's file, by name; null if it cannot be reached (that
+  // process has exited) or the name is not one.
+  static std::shared_ptr<CounterFile> open(const std::string& name) {
+    long long pid = 0, fd = 0;
+    unsigned long long inode = 0, dev = 0;
+    if (std::sscanf(name.c_str(), "%lld:%lld:%llu:%llu", &pid, &fd, &inode,
+                    &dev) != 4) {
+      return nullptr;
+    }
+    const std::string path =
+        "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(fd);
+    const int opened = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+    if (opened < 0) return nullptr;
+    struct stat info = {};
+    std::string error;
+    std::shared_ptr<CounterFile> file;
+    if (fstat(opened, &info) == 0 &&
+        static_cast<unsigned long long>(info.st_ino) == inode &&
+        static_cast<unsigned long long>(info.st_dev) == dev &&
+        static_cast<size_t>(info.st_size) >= kCounterFileBytes) {
+      file = map(opened, &error);
+    }
+    close(opened);  // the mapping keeps the file
+    if (file) file->name_ = name;
+    return file;
+  }
+
+  ~CounterFile() {
+    munmap(counters_, kCounterFileBytes);
+    if (fd_ >= 0) close(fd_);
+  }
+
+  const std::string& name() const { return name_; }
+  int64_t* slot(int64_t index) const { return counters_ + index; }
+
+ private:
+  static std::shared_ptr<CounterFile> map(int fd, std::string* error) {
+    void* mapped = mmap(nullptr, kCounterFileBytes, PROT_READ | PROT_WRITE,
+                        MAP_SHARED, fd, 0);
+    if (mapped == MAP_FAILED) {
+      *error = std::string("mmap: ") + std::strerror(errno);
+      return nullptr;
+    }
+    std::shared_ptr<CounterFile> file(new CounterFile());
+    file->counters_ = static_cast<int64_t*>(mapped);
+    return file;
+  }
+
+  CounterFile() = default;
+  int64_t* counters_ = nullptr;
+  int fd_ = -1;  // the creator's descriptor (others keep only the mapping)
+  std::string name_;
+};
+
+// The sender's use of a counter file: slots are handed out in order and
+// never reused; the file goes once every slot was handed out and returned.
 struct RefCounterFile {
-  std::string name;
-  c10::DataPtr mapping;
+  std::shared_ptr<CounterFile> file;
   int64_t next = 0;    // the next slot never handed out
   int64_t in_use = 0;  // handed out and not yet returned
 
-  int64_t* slot(int64_t index) {
-    return static_cast<int64_t*>(mapping.get()) + index;
-  }
+  const std::string& name() const { return file->name(); }
+  int64_t* slot(int64_t index) const { return file->slot(index); }
 };
 
 // A send: the DataPtr it wraps, its counter slot and its event.
@@ -103,23 +190,16 @@ SenderState& sender() {
   return *state;
 }
 
-std::string newCounterFileName() {
-  static std::random_device random;
-  return "/phantom_ipc_" + std::to_string(getpid()) + "_" +
-         std::to_string(random());
-}
-
 // A slot set to 1, in the current file (made if needed).
 std::pair<std::shared_ptr<RefCounterFile>, int64_t> takeCounterSlot() {
   SenderState& state = sender();
   std::lock_guard<std::mutex> lock(state.mutex);
   if (!state.current) {
+    std::string error;
     auto file = std::make_shared<RefCounterFile>();
-    file->name = newCounterFileName();
-    file->mapping = at::RefcountedMapAllocator::makeDataPtr(
-        file->name.c_str(),
-        at::ALLOCATOR_MAPPED_SHAREDMEM | at::ALLOCATOR_MAPPED_EXCLUSIVE,
-        sizeof(int64_t) * kIpcRefCounterSlots, nullptr);
+    file->file = CounterFile::create(&error);
+    TORCH_CHECK(file->file, "cannot send a phantom tensor: no shared memory "
+                "for its reference counter (", error, ")");
     state.current = std::move(file);
   }
   std::shared_ptr<RefCounterFile> file = state.current;
@@ -178,7 +258,7 @@ struct OpenedSegment {
 struct ReceiverState {
   std::mutex mutex;  // guards both maps
   std::map<std::string, std::weak_ptr<OpenedSegment>> segments;
-  std::map<std::string, std::weak_ptr<c10::DataPtr>> counter_files;
+  std::map<std::string, std::weak_ptr<CounterFile>> counter_files;
 };
 
 ReceiverState& receiver() {
@@ -203,35 +283,26 @@ std::shared_ptr<OpenedSegment> openSegment(const std::string& handle) {
 
 // The sender's counter file, mapped here (null if it is gone: the sender
 // exited, and nobody is left to tell).
-std::shared_ptr<c10::DataPtr> openCounterFile(const std::string& name) {
+std::shared_ptr<CounterFile> openCounterFile(const std::string& name) {
   ReceiverState& state = receiver();
   std::lock_guard<std::mutex> lock(state.mutex);
   auto& entry = state.counter_files[name];
   if (auto open = entry.lock()) return open;
-  try {
-    auto mapping = std::make_shared<c10::DataPtr>(
-        at::RefcountedMapAllocator::makeDataPtr(
-            name.c_str(),
-            at::ALLOCATOR_MAPPED_SHAREDMEM | at::ALLOCATOR_MAPPED_NOCREATE,
-            sizeof(int64_t) * kIpcRefCounterSlots, nullptr));
-    entry = mapping;
-    return mapping;
-  } catch (const c10::Error&) {
-    return nullptr;
-  }
+  auto file = CounterFile::open(name);
+  entry = file;
+  return file;
 }
 
-void decrementCounter(const std::shared_ptr<c10::DataPtr>& file, int64_t slot) {
+void decrementCounter(const std::shared_ptr<CounterFile>& file, int64_t slot) {
   if (file && slot >= 0 && slot < kIpcRefCounterSlots) {
-    __atomic_fetch_sub(static_cast<int64_t*>(file->get()) + slot, int64_t{1},
-                       __ATOMIC_ACQ_REL);
+    __atomic_fetch_sub(file->slot(slot), int64_t{1}, __ATOMIC_ACQ_REL);
   }
 }
 
 // What a received storage holds, released in stream order (see Ipc.h).
 struct ReceivedBlock {
   std::shared_ptr<OpenedSegment> segment;
-  std::shared_ptr<c10::DataPtr> counter_file;
+  std::shared_ptr<CounterFile> counter_file;
   int64_t slot = -1;
   c10::DeviceIndex device = 0;
 
@@ -324,7 +395,7 @@ SharedStorage shareStorage(c10::StorageImpl* storage) {
   block->slot = counter.second;
   block->device = device.index();
   block->event = event;
-  shared.ref_counter_handle = block->file->name;
+  shared.ref_counter_handle = block->file->name();
   shared.ref_counter_offset = block->slot;
   c10::DataPtr wrapper(data, block, &deleteSentBlock, device);
   block->wrapped = storage->set_data_ptr(std::move(wrapper));

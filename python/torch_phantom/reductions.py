@@ -56,7 +56,9 @@ def _in_queue_feeder() -> bool:
 
 def _raise_in_receiver(kind: str, message: str):
     error = NotImplementedError if kind == "NotImplementedError" else RuntimeError
-    raise error(f"the sending process could not send a phantom tensor: {message}")
+    raise error(
+        f"the sending process could not send a phantom tensor or event: {message}"
+    )
 
 
 def _unsendable(error: Exception):

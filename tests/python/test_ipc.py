@@ -243,7 +243,12 @@ def test_producer_and_consumer_over_a_queue(tmp_path):
     assert out.strip() == "ok"
 
 
+def _shared_memory_files():
+    return {name for name in os.listdir("/dev/shm") if "phantom" in name}
+
+
 def test_the_sender_frees_before_the_receiver_is_done(tmp_path):
+    files_before = _shared_memory_files()
     out = run_script(tmp_path, """
     def producer(q, acks, report):
         x = torch.arange(1 << 18, dtype=torch.float32, device="phantom")
@@ -280,6 +285,7 @@ def test_the_sender_frees_before_the_receiver_is_done(tmp_path):
         print("ok")
     """)
     assert out.strip() == "ok"
+    assert _shared_memory_files() == files_before, "the processes left files in /dev/shm"
 
 
 def test_spawn_arguments_and_pipes_carry_phantom_tensors(tmp_path):
@@ -400,7 +406,7 @@ def test_a_driver_that_cannot_share_refuses_in_the_sender_at_the_call(tmp_path):
                 get(q)
                 raise AssertionError("the queue delivered a tensor")
             except NotImplementedError as error:
-                assert "the sending process could not send a phantom tensor" in str(error)
+                assert "the sending process could not send a phantom tensor or event" in str(error)
                 assert re.search(r"Send tensor\.cpu\(\) instead", str(error)), error
                 print("refused: queue, in the receiver")
         assert any("cannot be sent" in str(w.message) for w in caught), caught

@@ -8,8 +8,9 @@
 // is sent is the segment's handle, the storage's offset in the segment and
 // its size. The storage's DataPtr is then wrapped in a SentBlock that owns
 // the previous one; each send wraps again. A SentBlock holds one slot of a
-// reference-counter file (shared memory every receiver can open by name:
-// torch's RefcountedMapAllocator, as for CUDA), set to 1 when sent, and an
+// reference-counter file (shared memory every receiver can open by name, as
+// CUDA's; here an anonymous memfd named by process and descriptor, so a
+// process that dies leaves no file behind), set to 1 when sent, and an
 // interprocess event recorded on the sending thread's current stream, so
 // the receiver waits for the work queued before the send. When the sender
 // frees the storage, a SentBlock whose counter is still above 0 is kept in
@@ -54,7 +55,7 @@ struct SharedStorage {
   std::string memory_handle;  // ph_ipc_mem_handle_t bytes; empty: no data
   size_t storage_bytes = 0;
   size_t offset_bytes = 0;  // of the storage in the segment the handle names
-  std::string ref_counter_handle;  // the counter file's shared-memory name
+  std::string ref_counter_handle;  // the counter file's name
   int64_t ref_counter_offset = 0;  // the slot
   std::string event_handle;  // ph_ipc_event_handle_t bytes, or empty
   bool event_sync_required = false;
