@@ -12,6 +12,10 @@
 // PHANTOM_* value follows; the README lists them all):
 //   PHANTOM_DEVICE_COUNT   whole number 0..64, default 2.
 //   PHANTOM_DEVICE_MEMORY  bytes per device, 1 MiB..1 TiB, default 8 GiB.
+//   PHANTOM_FAKE_NO_IPC    test-only: 1 makes the fake answer
+//                          PH_ERROR_UNIMPLEMENTED to every interprocess
+//                          sharing call, as a driver without that
+//                          capability does; 0 or unset: sharing works.
 #ifndef PHANTOM_FAKE_CONFIG_H_
 #define PHANTOM_FAKE_CONFIG_H_
 
@@ -30,6 +34,7 @@ struct Config {
   std::string error;      // why, when !ok
   int device_count = 0;
   size_t device_memory = 0;  // capacity of each device in bytes
+  bool ipc = true;  // interprocess sharing offered (PHANTOM_FAKE_NO_IPC)
 };
 
 // The process's configuration, parsed from the environment at first call.
@@ -37,7 +42,8 @@ const Config& GetConfig();
 
 // Builds a Config from explicit values (null = unset), as GetConfig() does
 // from the environment; exposed for the fake's own tests.
-Config MakeConfig(const char* device_count, const char* device_memory);
+Config MakeConfig(const char* device_count, const char* device_memory,
+                  const char* no_ipc = nullptr);
 
 }  // namespace phantom::fake
 

@@ -104,10 +104,9 @@ ph_status_t DeviceMemory::Allocate(size_t size, void** out_ptr) {
   size_t offset = 0;
   const size_t granule = RangeAllocator::kGranule;
   const size_t rounded = (size + granule - 1) / granule * granule;
-  const bool within_capacity =
-      rounded <= capacity_ - allocator_.allocated();
+  const bool within_capacity = rounded <= capacity_ - UsedLocked();
   if (!within_capacity || !allocator_.Allocate(size, &offset)) {
-    const size_t free_bytes = capacity_ - allocator_.allocated();
+    const size_t free_bytes = capacity_ - UsedLocked();
     return Fail(PH_ERROR_OUT_OF_MEMORY,
                 "phantom device " + std::to_string(device_) +
                     " is out of memory: tried to allocate " +
@@ -124,6 +123,13 @@ ph_status_t DeviceMemory::Allocate(size_t size, void** out_ptr) {
 ph_status_t DeviceMemory::Free(uintptr_t address) {
   std::lock_guard<std::mutex> lock(mutex_);
   const size_t offset = address - base_;
+  if (ImportAtLocked(offset) != nullptr) {
+    return Fail(PH_ERROR_INVALID_HANDLE,
+                "ph_free: " + Hex(address) +
+                    " is memory another process shared with this one "
+                    "(ph_ipc_open_mem_handle); close it with "
+                    "ph_ipc_close_mem_handle instead");
+  }
   RangeAllocator::Block block;
   if (!allocator_.Free(offset, &block)) {
     if (allocator_.Find(offset, &block)) {
@@ -139,6 +145,7 @@ ph_status_t DeviceMemory::Free(uintptr_t address) {
                     " is not a live allocation on phantom device " +
                     std::to_string(device_) + " (already freed?)");
   }
+  if (!shared_pages_.empty()) UnshareFreedLocked(block.offset, block.rounded_size);
   if (block.rounded_size >= kReleasePagesThreshold) {
     const size_t page = PageSize();
     const size_t start = (block.offset + page - 1) / page * page;
@@ -156,6 +163,15 @@ void DeviceMemory::Lookup(uintptr_t address, DeviceAddressInfo* info) {
   std::lock_guard<std::mutex> lock(mutex_);
   RangeAllocator::Block block;
   if (base_ == 0 || !allocator_.Find(address - base_, &block)) return;
+  if (const Import* import = ImportAtLocked(block.offset)) {
+    // Only the imported allocation itself is live, not the page padding.
+    const size_t size = static_cast<size_t>(import->key.size);
+    if (address < import->pointer || address - import->pointer >= size) return;
+    info->live = true;
+    info->base = import->pointer;
+    info->size = size;
+    return;
+  }
   info->live = true;
   info->base = base_ + block.offset;
   info->size = block.size;
@@ -163,7 +179,7 @@ void DeviceMemory::Lookup(uintptr_t address, DeviceAddressInfo* info) {
 
 void DeviceMemory::GetInfo(size_t* out_free, size_t* out_total) {
   std::lock_guard<std::mutex> lock(mutex_);
-  *out_free = capacity_ - allocator_.allocated();
+  *out_free = capacity_ - UsedLocked();
   *out_total = capacity_;
 }
 
@@ -171,27 +187,28 @@ ViewResidency DeviceMemory::Residency() {
   std::lock_guard<std::mutex> lock(mutex_);
   ViewResidency residency;
   if (view_ == 0) return residency;
-  // The view's entry in /proc/self/smaps: "<start>-<end> ..." followed by
-  // "Name: <n> kB" lines up to the next mapping's range.
+  // The view's entries in /proc/self/smaps: "<start>-<end> ..." followed
+  // by "Name: <n> kB" lines up to the next mapping's range. The view is one
+  // mapping, or several once parts of it are shared or imported.
   std::FILE* smaps = std::fopen("/proc/self/smaps", "r");
   if (smaps == nullptr) return residency;
   char line[512];
   bool in_view = false;
+  const unsigned long view_end = view_ + address_space_;
   while (std::fgets(line, sizeof line, smaps) != nullptr) {
     unsigned long start = 0;
     unsigned long end = 0;
     if (std::sscanf(line, "%lx-%lx ", &start, &end) == 2) {
-      if (in_view) break;
-      in_view = start == view_;
-      residency.mapped = residency.mapped || in_view;
+      in_view = start >= view_ && end <= view_end;
+      residency.mapped = residency.mapped || start == view_;
       continue;
     }
     unsigned long kib = 0;
     if (!in_view) continue;
     if (std::sscanf(line, "Rss: %lu kB", &kib) == 1) {
-      residency.resident = static_cast<size_t>(kib) * 1024;
+      residency.resident += static_cast<size_t>(kib) * 1024;
     } else if (std::sscanf(line, "AnonHugePages: %lu kB", &kib) == 1) {
-      residency.huge = static_cast<size_t>(kib) * 1024;
+      residency.huge += static_cast<size_t>(kib) * 1024;
     }
   }
   std::fclose(smaps);

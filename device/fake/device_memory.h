@@ -39,15 +39,34 @@
 // device memory on hardware makes it available again; reallocated, those
 // bytes read as zero.
 //
+// Interprocess sharing (ipc.h; device_memory_sharing.cc). Another process
+// can only map memory that lives in a file, so an exported allocation's
+// pages move, at its first export, from the private view into the device's
+// memory file (a memfd as large as the device range; file offset = arena
+// offset), mapped shared at the same view addresses: the bytes are copied
+// with the range read-only, and a write that comes meanwhile waits in the
+// fault handler (fault_handler.h) and lands on the shared pages. Only
+// shared memory loses huge pages (shmem THP is usually off); every other
+// allocation keeps the private, huge-page view. When a freed block leaves
+// whole pages that no live block uses, those pages go back to private
+// memory and their file pages are released (hole punched). An importing
+// process maps the exporter's file into a reserved range of its own device
+// range's view, so the pointer it gets is device memory of that device
+// whose kernel view is the exporter's bytes; the reservation does not count
+// against its capacity.
+//
 // Locking: one mutex per device guards its allocator and lazy mapping. It is
 // held only for bookkeeping (and the page release, so the range cannot be
-// re-allocated and written before the release lands); copies never hold it.
+// re-allocated and written before the release lands; and moves of pages
+// between private and shared memory); copies never hold it.
 #ifndef PHANTOM_FAKE_DEVICE_MEMORY_H_
 #define PHANTOM_FAKE_DEVICE_MEMORY_H_
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <mutex>
+#include <tuple>
 
 #include "phantom/hal.h"
 #include "range_allocator.h"
@@ -75,6 +94,29 @@ struct ViewResidency {
   size_t huge = 0;      // of those, bytes in transparent huge pages
 };
 
+// What another process needs to reach an exported allocation.
+struct ExportedAllocation {
+  int fd = -1;         // this process's descriptor of the device memory file
+  uint64_t inode = 0;  // the file's identity (st_ino, st_dev)
+  uint64_t dev = 0;
+  uint64_t offset = 0;  // the allocation's start in the file
+  uint64_t size = 0;    // its size as requested
+};
+
+// An exporter's allocation as an importer names it: one open import each.
+struct ImportKey {
+  int64_t pid = 0;
+  uint64_t inode = 0;
+  uint64_t dev = 0;
+  uint64_t offset = 0;
+  uint64_t size = 0;
+  bool operator<(const ImportKey& other) const {
+    return std::tie(pid, inode, dev, offset, size) <
+           std::tie(other.pid, other.inode, other.dev, other.offset,
+                    other.size);
+  }
+};
+
 class DeviceMemory {
  public:
   DeviceMemory(int device, size_t capacity);
@@ -91,8 +133,46 @@ class DeviceMemory {
   void GetInfo(size_t* out_free, size_t* out_total);
   ViewResidency Residency();
 
+  // --- Interprocess sharing (device_memory_sharing.cc) ---
+  // Makes the live allocation containing `address` reachable from other
+  // processes and describes it. PH_ERROR_INVALID_ARGUMENT if `address` is
+  // not in a live allocation of this device or is an imported one.
+  ph_status_t Export(uintptr_t address, ExportedAllocation* out);
+  // Maps the exporter's allocation `key` from its memory file `fd` (open
+  // here) into this device; opening a key already open counts one more
+  // open and returns the same pointer.
+  ph_status_t OpenImport(const ImportKey& key, int fd, void** out_ptr);
+  // Undoes one OpenImport of the pointer it returned;
+  // PH_ERROR_INVALID_HANDLE if `address` is not one.
+  ph_status_t CloseImport(uintptr_t address);
+  // Bytes of the view now backed by the device memory file (for tests).
+  size_t SharedViewBytes();
+
  private:
+  struct Import {
+    ImportKey key;
+    size_t reservation = 0;  // its block in allocator_ (arena offset)
+    size_t map_offset = 0;   // page-aligned arena offset of the mapping
+    size_t map_length = 0;
+    uintptr_t pointer = 0;   // what OpenImport returned
+    int opens = 0;
+  };
+
   ph_status_t EnsureMappedLocked();
+  // Capacity used by this process's own allocations (imports excluded).
+  size_t UsedLocked() const;
+  // The import whose reservation contains arena offset `offset`, or null.
+  const Import* ImportAtLocked(size_t offset) const;
+  ph_status_t EnsureMemoryFileLocked();
+  // Moves view pages [begin, end) (page-aligned arena offsets) that are not
+  // shared yet into the memory file.
+  ph_status_t ShareViewLocked(size_t begin, size_t end);
+  ph_status_t MoveToMemoryFileLocked(size_t begin, size_t end);
+  // After block [offset, offset + size) was freed: shared pages that no
+  // live block uses go back to private memory.
+  void UnshareFreedLocked(size_t offset, size_t size);
+  // Replaces view pages [begin, end) with fresh private memory.
+  void MapPrivateLocked(size_t begin, size_t end);
 
   const int device_;
   const size_t capacity_;
@@ -101,6 +181,16 @@ class DeviceMemory {
   RangeAllocator allocator_;
   uintptr_t base_ = 0;  // PROT_NONE mapping, 0 until mapped
   uintptr_t view_ = 0;  // read-write mapping
+  // Sharing: the device memory file (-1 until the first export), the view
+  // pages backed by it ([start, end) arena offsets, disjoint, merged), and
+  // what this process imported, by reservation offset and by key.
+  int memory_file_ = -1;
+  uint64_t memory_file_inode_ = 0;
+  uint64_t memory_file_dev_ = 0;
+  std::map<size_t, size_t> shared_pages_;
+  std::map<size_t, Import> imports_;
+  std::map<ImportKey, size_t> import_by_key_;
+  size_t imported_reserved_ = 0;  // rounded bytes of import reservations
 };
 
 // Device `device` (0 <= device < configured count). The objects live for the

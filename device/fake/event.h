@@ -24,6 +24,7 @@
 #include <memory>
 #include <mutex>
 
+#include "ipc.h"
 #include "phantom/hal.h"
 #include "stream.h"
 
@@ -48,6 +49,10 @@ struct Event {
   const unsigned flags;
   std::mutex mutex;  // guards latest
   std::shared_ptr<EventRecord> latest;  // null until first recorded
+  // Set for an interprocess event (PH_EVENT_INTERPROCESS or opened from a
+  // handle): its records live in shared memory instead (ipc.h), and
+  // `latest` is unused.
+  std::shared_ptr<SharedEvent> shared;
 
   std::shared_ptr<EventRecord> Latest();
 };

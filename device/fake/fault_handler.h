@@ -34,6 +34,15 @@ void PublishDeviceRange(int device, uintptr_t base, size_t size,
 // Async-signal-safe and lock-free.
 int DeviceOfAddress(uintptr_t address);
 
+// Opens the window [begin, end) of device `device`'s kernel view: writes
+// that fault there wait (in the handler) until EndViewMigration. Makes sure
+// our handler is the one installed for SIGSEGV first: a handler that
+// another library installed after ours (torch's DataLoader workers install
+// one) would otherwise see those faults as crashes. One window per device
+// at a time (the caller holds the device's memory lock).
+void BeginViewMigration(int device, uintptr_t begin, uintptr_t end);
+void EndViewMigration(int device);
+
 // Start of device `device`'s range and of its kernel view (0 if unmapped).
 uintptr_t DeviceRangeBase(int device);
 uintptr_t DeviceViewBase(int device);

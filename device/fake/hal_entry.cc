@@ -26,6 +26,7 @@
 #include "event.h"
 #include "fault_handler.h"
 #include "host_memory.h"
+#include "ipc.h"
 #include "phantom/hal.h"
 #include "stream.h"
 
@@ -479,6 +480,7 @@ ph_status_t ph_stream_wait_event(ph_stream_t stream_handle,
     std::shared_ptr<Event> event;
     status = GetEvent("ph_stream_wait_event", event_handle, &event);
     if (status != PH_SUCCESS) return status;
+    if (event->shared) return event->shared->QueueWait(event->shared, *stream);
     std::shared_ptr<EventRecord> record = event->Latest();
     if (!record) return PH_SUCCESS;  // never recorded: no wait
     Task task;
@@ -587,15 +589,30 @@ ph_status_t ph_event_create(unsigned flags, ph_event_t* out_event) {
     *out_event = nullptr;
     const ph_status_t started = CheckStarted();
     if (started != PH_SUCCESS) return started;
-    if ((flags & ~static_cast<unsigned>(PH_EVENT_DISABLE_TIMING)) != 0) {
-      char text[128];
+    const unsigned known = PH_EVENT_DISABLE_TIMING | PH_EVENT_INTERPROCESS;
+    if ((flags & ~known) != 0) {
+      char text[160];
       std::snprintf(text, sizeof text,
                     "ph_event_create: unknown flags 0x%x (use "
-                    "PH_EVENT_DEFAULT or PH_EVENT_DISABLE_TIMING)",
+                    "PH_EVENT_DEFAULT, PH_EVENT_DISABLE_TIMING or "
+                    "PH_EVENT_INTERPROCESS)",
                     flags);
       return Fail(PH_ERROR_INVALID_ARGUMENT, text);
     }
-    *out_event = RegisterEvent(std::make_shared<Event>(flags));
+    auto event = std::make_shared<Event>(flags);
+    if ((flags & PH_EVENT_INTERPROCESS) != 0) {
+      const ph_status_t offered = CheckIpcOffered("ph_event_create");
+      if (offered != PH_SUCCESS) return offered;
+      if ((flags & PH_EVENT_DISABLE_TIMING) == 0) {
+        return Fail(PH_ERROR_INVALID_ARGUMENT,
+                    "ph_event_create: PH_EVENT_INTERPROCESS needs "
+                    "PH_EVENT_DISABLE_TIMING too (interprocess events do not "
+                    "time work)");
+      }
+      const ph_status_t created = SharedEvent::Create(&event->shared);
+      if (created != PH_SUCCESS) return created;
+    }
+    *out_event = RegisterEvent(std::move(event));
     return PH_SUCCESS;
   });
 }
@@ -618,6 +635,7 @@ ph_status_t ph_event_record(ph_event_t event_handle,
     std::shared_ptr<Stream> stream;
     status = GetStream("ph_event_record", stream_handle, &stream);
     if (status != PH_SUCCESS) return status;
+    if (event->shared) return event->shared->Record(event->shared, stream);
     auto record = std::make_shared<EventRecord>();
     record->stream = stream;
     record->stream_identity = stream.get();
@@ -649,6 +667,7 @@ ph_status_t ph_event_query(ph_event_t handle) {
     std::shared_ptr<Event> event;
     const ph_status_t found = GetEvent("ph_event_query", handle, &event);
     if (found != PH_SUCCESS) return found;
+    if (event->shared) return event->shared->Query();
     std::shared_ptr<EventRecord> record = event->Latest();
     if (!record || record->IsReached()) return PH_SUCCESS;
     return PH_NOT_READY;
@@ -660,6 +679,7 @@ ph_status_t ph_event_synchronize(ph_event_t handle) {
     std::shared_ptr<Event> event;
     const ph_status_t found = GetEvent("ph_event_synchronize", handle, &event);
     if (found != PH_SUCCESS) return found;
+    if (event->shared) return event->shared->Synchronize();
     std::shared_ptr<EventRecord> record = event->Latest();
     if (!record) return PH_SUCCESS;
     if (!record->IsReached() && CurrentStream() == record->stream_identity) {

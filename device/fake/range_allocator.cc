@@ -72,6 +72,14 @@ bool RangeAllocator::Find(size_t offset, Block* out_block) const {
   return true;
 }
 
+bool RangeAllocator::AnyLiveIn(size_t begin, size_t end) const {
+  if (begin >= end) return false;
+  Block containing;
+  if (Find(begin, &containing)) return true;
+  auto next = live_.lower_bound(begin);
+  return next != live_.end() && next->first < end;
+}
+
 size_t RangeAllocator::largest_free() const {
   return free_by_size_.empty() ? 0 : free_by_size_.rbegin()->first;
 }

@@ -45,6 +45,11 @@ class RangeAllocator {
   // The live block containing `offset`, if any.
   bool Find(size_t offset, Block* out_block) const;
 
+  // Whether any live block (counting its rounded size) overlaps
+  // [begin, end). Used to tell whether a page is still shared with a
+  // neighbour when a block is freed.
+  bool AnyLiveIn(size_t begin, size_t end) const;
+
   size_t capacity() const { return capacity_; }
   size_t allocated() const { return allocated_; }  // sum of rounded sizes
   size_t largest_free() const;

@@ -3,6 +3,7 @@
 #include <phantom/Device.h>
 #include <phantom/Exception.h>
 #include <phantom/FaultInjection.h>
+#include <phantom/Ipc.h>
 #include <phantom/KernelHostMemory.h>
 #include <phantom/Launch.h>
 #include <phantom/Stream.h>
@@ -490,6 +491,11 @@ class DeviceCachingAllocator {
     void* ptr = nullptr;
     ph_status_t status = ph_malloc(device_, segment_size, &ptr);
     if (status == PH_ERROR_OUT_OF_MEMORY) {
+      // Memory kept for other processes that are done with it comes back
+      // first (phantom/Ipc.h); its frees take this lock.
+      lock.unlock();
+      ipcCollect();
+      lock.lock();
       // Give every cached segment back and try once more.
       stats_.num_alloc_retries += 1;
       releaseAfterSync(lock);
@@ -869,6 +875,10 @@ void PhantomDeviceAllocator::emptyCache(c10::MempoolId_t /*mempool_id*/) {
 
 void PhantomDeviceAllocator::recordStream(const c10::DataPtr& ptr,
                                           c10::Stream stream) {
+  if (const c10::DataPtr* sent = ipcWrappedDataPtr(ptr)) {
+    recordStream(*sent, stream);  // a storage sent to another process
+    return;
+  }
   if (ptr.get_deleter() != &deleteBlock || ptr.get_context() == nullptr) {
     return;  // not our memory (or empty): nothing to track
   }

@@ -10,6 +10,7 @@
 #include <phantom/FaultInjection.h>
 #include <phantom/Generator.h>
 #include <phantom/HostAllocator.h>
+#include <phantom/Ipc.h>
 #include <phantom/KernelHostMemory.h>
 #include <phantom/ops/OpsReport.h>
 #include <phantom/Launch.h>
@@ -18,6 +19,7 @@
 
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/Generator.h>
+#include <torch/csrc/Storage.h>
 #include <torch/csrc/utils/device_lazy_init.h>
 #include <torch/csrc/utils/pybind.h>
 
@@ -280,6 +282,73 @@ PYBIND11_MODULE(_C, m) {
     state["latency_us"] = phantom::faultLatencyUs();
     return state;
   });
+
+  // Interprocess sharing (torch_phantom/multiprocessing.py, phantom/Ipc.h).
+  // The tuple is the one torch's UntypedStorage._share_cuda_ returns.
+  m.def("_share_storage", [](py::handle object) {
+    TORCH_CHECK(THPStorage_Check(object.ptr()),
+                "expected a torch.UntypedStorage, got ",
+                Py_TYPE(object.ptr())->tp_name);
+    c10::Storage storage = THPStorage_Unpack(object.ptr());
+    phantom::SharedStorage shared;
+    {
+      py::gil_scoped_release no_gil;  // may wait for the stream
+      shared = phantom::shareStorage(storage.unsafeGetStorageImpl());
+    }
+    return py::make_tuple(
+        shared.device, py::bytes(shared.memory_handle), shared.storage_bytes,
+        shared.offset_bytes, py::bytes(shared.ref_counter_handle),
+        shared.ref_counter_offset, py::bytes(shared.event_handle),
+        shared.event_sync_required);
+  });
+  m.def("_new_shared_storage",
+        [](c10::DeviceIndex device, py::bytes handle, size_t storage_bytes,
+           size_t offset_bytes, py::bytes ref_counter_handle,
+           int64_t ref_counter_offset, py::bytes event_handle,
+           bool event_sync_required) {
+          phantom::SharedStorage shared;
+          shared.device = device;
+          shared.memory_handle = handle;
+          shared.storage_bytes = storage_bytes;
+          shared.offset_bytes = offset_bytes;
+          shared.ref_counter_handle = ref_counter_handle;
+          shared.ref_counter_offset = ref_counter_offset;
+          shared.event_handle = event_handle;
+          shared.event_sync_required = event_sync_required;
+          c10::intrusive_ptr<c10::StorageImpl> storage;
+          {
+            py::gil_scoped_release no_gil;
+            storage = phantom::newSharedStorage(shared);
+          }
+          return py::reinterpret_steal<py::object>(
+              THPStorage_Wrap(c10::Storage(std::move(storage))));
+        });
+  m.def("_release_ipc_counter", [](py::bytes handle, int64_t offset) {
+    phantom::releaseIpcCounter(handle, offset);
+  });
+  m.def("_ipc_collect", [] {
+    py::gil_scoped_release no_gil;
+    return phantom::ipcCollect();
+  });
+  m.def("_ipc_blocks_in_limbo", [] { return phantom::ipcBlocksInLimbo(); });
+  py::class_<phantom::IpcEvent>(m, "_IpcEvent")
+      .def(py::init<c10::DeviceIndex>())
+      .def(py::init([](c10::DeviceIndex device, py::bytes handle) {
+        return std::make_unique<phantom::IpcEvent>(device, handle);
+      }))
+      .def_property_readonly("device", &phantom::IpcEvent::device)
+      .def("handle",
+           [](const phantom::IpcEvent& event) { return py::bytes(event.handle()); })
+      .def("record",
+           [](phantom::IpcEvent& event, c10::DeviceIndex device,
+              c10::StreamId id) { event.record(phantomStream(device, id)); })
+      .def("wait",
+           [](phantom::IpcEvent& event, c10::DeviceIndex device,
+              c10::StreamId id) { event.wait(phantomStream(device, id)); })
+      .def("query", &phantom::IpcEvent::query,
+           py::call_guard<py::gil_scoped_release>())
+      .def("synchronize", &phantom::IpcEvent::synchronize,
+           py::call_guard<py::gil_scoped_release>());
 
   // Caching allocator (torch_phantom/memory.py).
   m.def("_check_allocator_settings", [] {

@@ -29,6 +29,7 @@ from . import _C  # noqa: E402,F401  (loads libphantom: registers the backend)
 from . import device_module as _device_module  # noqa: E402
 from . import faults  # noqa: E402,F401  (also torch.phantom.faults)
 from . import _exit  # noqa: E402  (releases autograd's graph tasks at exit)
+from . import reductions as _reductions  # noqa: E402
 
 __all__ = ["BACKEND_NAME", "faults", "ops_report", "reset_ops_report"]
 __version__ = "0.1.0"
@@ -45,6 +46,8 @@ def _register() -> None:
 
 
 _register()
+# Phantom tensors and events through torch.multiprocessing (reductions.py).
+_reductions._register()
 
 
 def ops_report() -> list:

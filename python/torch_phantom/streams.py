@@ -200,8 +200,13 @@ class Event(torch.Event):
             two records of such events (default: False).
         blocking (bool): accepted for compatibility; :meth:`synchronize`
             always blocks the calling thread (without the GIL) on phantom.
-        interprocess (bool): not supported: phantom events cannot be shared
-            between processes.
+        interprocess (bool): the event can be shared with another process
+            (:meth:`ipc_handle`, :meth:`from_ipc_handle`, or by sending it
+            through ``torch.multiprocessing``), as ``torch.cuda.Event``'s.
+            Such an event does not measure time (``enable_timing`` must be
+            False), lives on the current device from its creation, and its
+            records are shared: a record in either process is the latest
+            record for both (docs/multiprocessing.md).
 
     The driver event is created on the first record, on the recording
     stream's device; after that only streams of that device may record it,
@@ -213,17 +218,47 @@ class Event(torch.Event):
         cls, enable_timing: bool = False, blocking: bool = False,
         interprocess: bool = False,
     ):
-        if interprocess:
-            raise NotImplementedError(
-                f"{BACKEND_NAME} events cannot be shared between processes "
-                "(interprocess=True is not supported)"
+        if interprocess and enable_timing:
+            raise ValueError(
+                f"an interprocess {BACKEND_NAME} event cannot measure time: "
+                "create it with enable_timing=False (torch.cuda.Event "
+                "requires the same)"
             )
         event = super().__new__(
             cls, BACKEND_NAME, enable_timing=bool(enable_timing),
             blocking=bool(blocking),
         )
         event._enable_timing = bool(enable_timing)
+        # The driver's interprocess event (runtime's IpcEvent), made now on
+        # the current device: its handle must exist before any record.
+        event._ipc = _C._IpcEvent(_device_index(None)) if interprocess else None
+        event._ipc_recorded = False
         return event
+
+    @classmethod
+    def from_ipc_handle(cls, device: _DeviceLike, handle: bytes) -> "Event":
+        """The event another process shared with :meth:`ipc_handle`, on
+        ``device`` (the device it was created on there)."""
+        if not isinstance(handle, (bytes, bytearray)):
+            raise TypeError(
+                f"expected the bytes Event.ipc_handle() returned, got "
+                f"{type(handle).__name__}"
+            )
+        index = _device_index(device)
+        event = cls()
+        event._ipc = _C._IpcEvent(index, bytes(handle))
+        event._ipc_recorded = True  # by the process that shared it
+        return event
+
+    @property
+    def interprocess(self) -> bool:
+        return self._ipc is not None
+
+    @property
+    def device(self) -> torch.device:
+        if self._ipc is not None:
+            return torch.device(BACKEND_NAME, self._ipc.device)
+        return torch.Event.device.__get__(self)
 
     @property
     def enable_timing(self) -> bool:
@@ -231,6 +266,8 @@ class Event(torch.Event):
 
     @property
     def is_recorded(self) -> bool:
+        if self._ipc is not None:
+            return self._ipc_recorded
         # The driver event is created on first record (DeviceGuard.cpp).
         return self.event_id != 0
 
@@ -238,22 +275,34 @@ class Event(torch.Event):
         """Records the event at the current end of ``stream``'s queue (the
         current stream if None). The stream must be on the event's device."""
         stream = current_stream() if stream is None else _check_stream(stream)
+        if self._ipc is not None:
+            self._ipc.record(stream.device_index, stream.stream_id)
+            self._ipc_recorded = True
+            return
         super().record(stream)
 
     def wait(self, stream: Optional[torch.Stream] = None) -> None:
         """Makes work queued on ``stream`` (the current stream if None) from
         now on wait for this event's latest record. Returns at once."""
         stream = current_stream() if stream is None else _check_stream(stream)
+        if self._ipc is not None:
+            self._ipc.wait(stream.device_index, stream.stream_id)
+            return
         super().wait(stream)
 
     def query(self) -> bool:
         """True when the recorded point has been reached, or the event was
         never recorded. Never blocks."""
+        if self._ipc is not None:
+            return self._ipc.query()
         return super().query()
 
     def synchronize(self) -> None:
         """Blocks until the recorded point has been reached; raises the error
         of the recording stream's work, if it failed."""
+        if self._ipc is not None:
+            self._ipc.synchronize()
+            return
         super().synchronize()
 
     def elapsed_time(self, end_event: torch.Event) -> float:
@@ -266,6 +315,12 @@ class Event(torch.Event):
                 f"{type(end_event).__name__}"
             )
         for name, event in (("this event", self), ("end_event", end_event)):
+            if isinstance(event, Event) and event.interprocess:
+                raise RuntimeError(
+                    f"elapsed_time: {name} is an interprocess event, which "
+                    "does not measure time; time work with events created "
+                    "with enable_timing=True"
+                )
             if isinstance(event, Event) and not event.enable_timing:
                 raise RuntimeError(
                     f"elapsed_time: {name} was created without timing; create "
@@ -302,15 +357,21 @@ class Event(torch.Event):
             self.event_id, end_event.event_id, self.device.index
         )
 
-    def ipc_handle(self):
-        raise NotImplementedError(
-            f"{BACKEND_NAME} events cannot be shared between processes"
-        )
+    def ipc_handle(self) -> bytes:
+        """The bytes another process passes to :meth:`from_ipc_handle` to
+        use this event (an event created with ``interprocess=True``)."""
+        if self._ipc is None:
+            raise RuntimeError(
+                f"this event cannot be shared with another process: create it "
+                f"with torch.{BACKEND_NAME}.Event(interprocess=True)"
+            )
+        return self._ipc.handle()
 
     def __repr__(self) -> str:
         state = f"device={self.device}" if self.is_recorded else "unrecorded"
+        kind = " interprocess" if self.interprocess else ""
         return (
-            f"<torch.{BACKEND_NAME}.Event {state} "
+            f"<torch.{BACKEND_NAME}.Event{kind} {state} "
             f"enable_timing={self.enable_timing}>"
         )
 

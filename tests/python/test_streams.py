@@ -367,11 +367,25 @@ def test_elapsed_time_errors():
         start.elapsed_time(s)
 
 
-def test_interprocess_event_is_not_supported():
-    with pytest.raises(NotImplementedError, match="between processes"):
-        P.Event(interprocess=True)
-    with pytest.raises(NotImplementedError):
+def test_interprocess_event_orders_work_in_its_own_process_too():
+    # Across processes: tests/python/test_ipc.py.
+    event = P.Event(interprocess=True)
+    stream = P.Stream()
+    sleep_on(stream, 300)
+    event.record(stream)
+    assert not event.query()
+    event.synchronize()
+    assert event.query()
+    with pytest.raises(ValueError, match="cannot measure time"):
+        P.Event(enable_timing=True, interprocess=True)
+    with pytest.raises(RuntimeError, match=r"create it with torch.phantom.Event\(interprocess=True\)"):
         P.Event().ipc_handle()
+
+
+def test_interprocess_event_is_recorded_only_on_its_device(two_devices):
+    event = P.Event(interprocess=True)  # on the current device, 0
+    with pytest.raises(RuntimeError, match="does not match recording stream's device phantom:1"):
+        event.record(P.Stream(device=1))
 
 
 def test_cpu_streams_and_devices_are_rejected():

@@ -46,7 +46,7 @@ extern "C" {
 
 /* The ABI version of this header. The runtime refuses to load a driver
  * whose ph_abi_version() differs in the major part (version / 1000). */
-#define PH_HAL_ABI_VERSION 1001
+#define PH_HAL_ABI_VERSION 1002
 
 /* ------------------------------------------------------------------------ */
 /* Status codes                                                             */
@@ -326,6 +326,121 @@ PH_API ph_status_t ph_event_synchronize(ph_event_t event);
  * PH_NOT_READY if either has not been reached yet. */
 PH_API ph_status_t ph_event_elapsed_time(ph_event_t start, ph_event_t end,
                                          float* out_ms);
+
+/* ------------------------------------------------------------------------ */
+/* Interprocess sharing (OPTIONAL, since ABI 1002)                          */
+/* ------------------------------------------------------------------------ */
+/*
+ * Another process on the same machine can use a device allocation, and
+ * wait for an event, as CUDA's cudaIpc* functions allow. The exporting
+ * process turns the allocation (or event) into a handle: a fixed-size
+ * block of bytes with no pointers in it, which it sends by any means (a
+ * pipe, a socket, a file). The importing process opens the handle and gets
+ * a device pointer (an event) of its own that reaches the same bytes (the
+ * same sequence of records).
+ *
+ * Capability. A driver that cannot share device memory returns
+ * PH_ERROR_UNIMPLEMENTED from all three ph_ipc_*_mem_handle functions, and
+ * one that cannot share events returns it from ph_ipc_get_event_handle and
+ * ph_ipc_open_event_handle and refuses PH_EVENT_INTERPROCESS in
+ * ph_event_create. For the runtime, PH_ERROR_UNIMPLEMENTED from
+ * ph_ipc_get_mem_handle means "this memory cannot leave the process": it
+ * refuses, at the call that sends a tensor to another process, with a
+ * sentence saying to send tensor.cpu() instead.
+ *
+ * Handles are valid in processes of the same user on the same machine
+ * while the exporting process is alive; a handle is refused with
+ * PH_ERROR_INVALID_HANDLE (and a sentence saying why) when its exporter has
+ * exited or freed what it names and the driver can tell. Opening a handle in
+ * the process that exported it is refused with PH_ERROR_INVALID_ARGUMENT:
+ * that process uses its own pointer or event.
+ *
+ * Memory: ownership and lifetime.
+ *  - A handle names the whole live allocation that contains the exported
+ *    pointer (the `base` and `size` ph_pointer_get_attributes reports), and
+ *    the importer's pointer is that allocation's start. The caller sends the
+ *    offset of the part it means: a caching allocator hands out pieces of
+ *    one ph_malloc allocation.
+ *  - The exporter keeps ownership: the allocation stays its own, and it
+ *    must not ph_free it while an importer may still use it (the runtime
+ *    counts importers' uses across processes for that). What an importer
+ *    reads or writes there after the exporter has freed it is undefined.
+ *  - Every successful ph_ipc_open_mem_handle is matched by one
+ *    ph_ipc_close_mem_handle. Opening a handle that this process already
+ *    has open returns the same pointer and counts one more open; the last
+ *    close unmaps it. Closing never frees the exporter's memory.
+ *  - The importer's pointer is device memory of the device index the
+ *    handle names, in the importing process (the same index as in the
+ *    exporter), as good as its own allocations for copies, fills, work on
+ *    streams and ph_kernel_address, never host-addressable. It is not a
+ *    ph_malloc allocation: ph_free refuses it, and it does not count
+ *    against the importer's ph_mem_get_info.
+ *  - Nothing orders the two processes' work: exporting does not wait for
+ *    work queued on the memory. Record an interprocess event after that
+ *    work and make the importer wait for it.
+ */
+
+#define PH_IPC_HANDLE_SIZE 64
+
+typedef struct ph_ipc_mem_handle {
+  unsigned char reserved[PH_IPC_HANDLE_SIZE];
+} ph_ipc_mem_handle_t;
+
+typedef struct ph_ipc_event_handle {
+  unsigned char reserved[PH_IPC_HANDLE_SIZE];
+} ph_ipc_event_handle_t;
+
+/* OPTIONAL. A handle to the live allocation containing `device_ptr` (any
+ * address inside it). PH_ERROR_INVALID_ARGUMENT if `device_ptr` is not
+ * inside a live ph_malloc allocation (an imported pointer cannot be
+ * exported again: send the handle it was opened from);
+ * PH_ERROR_UNIMPLEMENTED if the driver cannot share memory; it may also
+ * fail with PH_ERROR_OUT_OF_MEMORY when it needs host resources to share
+ * the allocation and has none. */
+PH_API ph_status_t ph_ipc_get_mem_handle(const void* device_ptr,
+                                         ph_ipc_mem_handle_t* out_handle);
+
+/* OPTIONAL. Opens a handle exported by another process: *out_ptr is the
+ * start of the allocation in this process (see above). Errors:
+ * PH_ERROR_INVALID_HANDLE for bytes that are not a handle or name what no
+ * longer exists, PH_ERROR_INVALID_ARGUMENT when this process exported it,
+ * PH_ERROR_INVALID_DEVICE when this process has no device of that index,
+ * PH_ERROR_OUT_OF_MEMORY when the device's address range has no room to
+ * map it. */
+PH_API ph_status_t ph_ipc_open_mem_handle(const ph_ipc_mem_handle_t* handle,
+                                          void** out_ptr);
+
+/* OPTIONAL. Undoes one ph_ipc_open_mem_handle of `device_ptr` (the pointer
+ * it returned). The caller must ensure no queued work of this process
+ * still uses it (synchronize first). PH_ERROR_INVALID_HANDLE if `ptr` is
+ * not an open import. */
+PH_API ph_status_t ph_ipc_close_mem_handle(void* device_ptr);
+
+/* Flag of ph_event_create: the event may be shared with
+ * ph_ipc_get_event_handle. Must be combined with PH_EVENT_DISABLE_TIMING
+ * (as CUDA requires), else PH_ERROR_INVALID_ARGUMENT;
+ * PH_ERROR_UNIMPLEMENTED from a driver that cannot share events. */
+enum { PH_EVENT_INTERPROCESS = 2 };
+
+/* OPTIONAL. A handle to `event`, which was created with
+ * PH_EVENT_INTERPROCESS (else PH_ERROR_INVALID_ARGUMENT) or opened from a
+ * handle. */
+PH_API ph_status_t ph_ipc_get_event_handle(ph_event_t event,
+                                           ph_ipc_event_handle_t* out_handle);
+
+/* OPTIONAL. Opens an event exported by another process. The new event
+ * behaves as one created here with PH_EVENT_INTERPROCESS |
+ * PH_EVENT_DISABLE_TIMING, and shares its records with the exporter's:
+ * a record in either process is the latest record for queries,
+ * synchronizes and stream waits in both. Destroy it with ph_event_destroy
+ * (the exporter's event lives on). If the work recorded before the latest
+ * record failed on its device, query and synchronize in the other process
+ * return PH_ERROR_DEVICE, and work waiting for it fails with that status,
+ * with a sentence naming the exporting process; the original message stays
+ * in the process that ran the work. After the exporter destroys its event,
+ * the importer's queries see it as reached. */
+PH_API ph_status_t ph_ipc_open_event_handle(
+    const ph_ipc_event_handle_t* handle, ph_event_t* out_event);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -154,12 +154,18 @@ inline constexpr Spec kDebugMemo = Switch(
 inline constexpr Spec kOpsReport = Switch(
     "PHANTOM_OPS_REPORT", Reader::kPython,
     "1 prints, at exit, which path each op took");
+// Test-only: plays a driver that cannot share memory between processes
+// (device/fake/ipc.h, docs/multiprocessing.md).
+inline constexpr Spec kFakeNoIpc = Switch(
+    "PHANTOM_FAKE_NO_IPC", Reader::kDriver,
+    "test-only: 1 makes the fake driver refuse interprocess sharing, as a "
+    "driver without that capability does (docs/multiprocessing.md)");
 
 // Every setting, in the order the README lists them.
 inline constexpr const Spec* kAll[] = {
     &kDeviceCount, &kDeviceMemory, &kAllocConf,  &kFaultAlloc,
     &kFaultKernel, &kFaultLatencyUs, &kNoLending, &kSyncGeneric,
-    &kDebugMemo,   &kOpsReport};
+    &kDebugMemo,   &kOpsReport,     &kFakeNoIpc};
 
 // The setting called `name` (a top-level PHANTOM_* one), or nullptr.
 const Spec* Find(const char* name);
