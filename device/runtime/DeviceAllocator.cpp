@@ -260,11 +260,12 @@ class DeviceCachingAllocator {
     const size_t size = roundSize(requested);
     BlockPool& pool = size <= kSmallSize ? small_ : large_;
     Block* block = takeFreeBlock(pool, stream, size);
+    bool over_fraction = false;
     if (block == nullptr) {
-      block = newSegment(pool, stream, size, lock);
+      block = newSegment(pool, stream, size, lock, &over_fraction);
     }
     if (block == nullptr) {
-      throwOutOfMemory(requested, lock);
+      throwOutOfMemory(requested, lock, over_fraction);
     }
     block = splitForRequest(block, size);
     block->allocated = true;
@@ -314,6 +315,60 @@ class DeviceCachingAllocator {
     stats_.num_sync_all_streams += 1;
     processEvents();
     releaseCachedSegments();
+    releaseDeferredUncached();  // the streams were waited for above
+  }
+
+  void setMemoryFraction(double fraction) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    fraction_ = fraction;
+  }
+
+  double memoryFraction() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return fraction_;
+  }
+
+  // Memory straight from the driver, outside the cache (the caching
+  // allocator disabled, as CUDA's uncached allocations): not in the
+  // statistics, but within the per-process fraction. `size` is rounded.
+  void* mallocUncached(size_t requested, size_t size) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (!deferred_uncached_.empty() && !inDeviceWork()) {
+      lock.unlock();
+      synchronizeAllStreams(device_);
+      lock.lock();
+      releaseDeferredUncached();
+    }
+    void* ptr = nullptr;
+    ph_status_t status = mallocWithinFraction(size, &ptr);
+    if (status == PH_ERROR_OUT_OF_MEMORY) {
+      // Cached segments go back to the driver first, as for a new segment.
+      stats_.num_alloc_retries += 1;
+      releaseAfterSync(lock);
+      status = mallocWithinFraction(size, &ptr);
+    }
+    if (status == PH_ERROR_OUT_OF_MEMORY) {
+      throwOutOfMemory(requested, lock, exceedsFraction(size));
+    }
+    PHANTOM_CHECK(status);
+    uncached_bytes_ += size;
+    return ptr;
+  }
+
+  // Returns uncached memory to the driver once no queued work can use it:
+  // a host thread waits for the device's streams first, as cudaFree does.
+  // Device work must not wait for other streams (one may be waiting for
+  // it), so a free from there is deferred to the next uncached allocation
+  // or empty_cache() on a host thread.
+  void freeUncached(void* ptr, size_t size) {
+    if (inDeviceWork()) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      deferred_uncached_.emplace_back(ptr, size);
+      return;
+    }
+    synchronizeAllStreams(device_);
+    std::lock_guard<std::mutex> lock(mutex_);
+    releaseUncached(ptr, size);
   }
 
   DeviceStats stats() {
@@ -465,19 +520,23 @@ class DeviceCachingAllocator {
     return block;
   }
 
+  // A new segment for a request of `size`, or nullptr when neither the
+  // driver nor the per-process fraction (*over_fraction then) allows it,
+  // even after every cached segment went back to the driver.
   Block* newSegment(BlockPool& pool, c10::StreamId stream, size_t size,
-                    std::unique_lock<std::mutex>& lock) {
+                    std::unique_lock<std::mutex>& lock, bool* over_fraction) {
     const size_t segment_size = segmentSizeFor(size);
     maybeCollectGarbage(segment_size, lock);
     void* ptr = nullptr;
-    ph_status_t status = ph_malloc(device_, segment_size, &ptr);
+    ph_status_t status = mallocWithinFraction(segment_size, &ptr);
     if (status == PH_ERROR_OUT_OF_MEMORY) {
       // Give every cached segment back and try once more.
       stats_.num_alloc_retries += 1;
       releaseAfterSync(lock);
-      status = ph_malloc(device_, segment_size, &ptr);
+      status = mallocWithinFraction(segment_size, &ptr);
     }
     if (status == PH_ERROR_OUT_OF_MEMORY) {
+      *over_fraction = exceedsFraction(segment_size);
       return nullptr;
     }
     PHANTOM_CHECK(status);
@@ -664,32 +723,102 @@ class DeviceCachingAllocator {
     }
     const auto reserved = static_cast<double>(
         stats_.reserved_bytes[kAggregate].current + segment_size);
-    if (reserved <= threshold * static_cast<double>(capacity_)) {
+    if (reserved <= threshold * static_cast<double>(allowedBytes())) {
       return;
     }
     releaseAfterSync(lock);
   }
 
   [[noreturn]] void throwOutOfMemory(size_t requested,
-                                     std::unique_lock<std::mutex>& lock) {
+                                     std::unique_lock<std::mutex>& lock,
+                                     bool over_fraction) {
     stats_.num_ooms += 1;
     const int64_t allocated = stats_.allocated_bytes[kAggregate].current;
     const int64_t reserved = stats_.reserved_bytes[kAggregate].current;
+    const size_t uncached = uncached_bytes_;
+    const double fraction = fraction_;
+    const size_t allowed = allowedBytes();
     size_t free_bytes = 0;
     size_t total = 0;
     (void)ph_mem_get_info(device_, &free_bytes, &total);
     lock.unlock();
+    const std::string where = "phantom out of memory: tried to allocate " +
+                              formatBytes(requested) + " (" +
+                              std::to_string(requested) + " bytes) on phantom:" +
+                              std::to_string(static_cast<int>(device_)) + ". ";
+    const std::string accounting =
+        "allocated by PyTorch " + formatBytes(allocated) +
+        "; reserved by PyTorch " + formatBytes(reserved) + " (" +
+        formatBytes(reserved - allocated) + " of it cached, not in use)" +
+        (uncached > 0 ? "; outside the cache (caching allocator disabled) " +
+                            formatBytes(uncached)
+                      : std::string());
+    if (over_fraction) {
+      char fraction_text[32];
+      std::snprintf(fraction_text, sizeof fraction_text, "%g", fraction);
+      TORCH_CHECK_WITH(
+          OutOfMemoryError, false, where,
+          "The per-process memory fraction ", fraction_text, " lets this "
+          "process use ", formatBytes(allowed), " of the device's ",
+          formatBytes(total), "; ", accounting, ". Raise it with "
+          "torch.phantom.set_per_process_memory_fraction(f, device=",
+          static_cast<int>(device_), ") (f up to 1.0), or free tensors you no "
+          "longer need.");
+    }
     TORCH_CHECK_WITH(
-        OutOfMemoryError, false, "phantom out of memory: tried to allocate ",
-        formatBytes(requested), " (", requested, " bytes) on phantom:",
-        static_cast<int>(device_), ". Device capacity ", formatBytes(total),
-        "; allocated by PyTorch ", formatBytes(allocated),
-        "; reserved by PyTorch ", formatBytes(reserved), " (",
-        formatBytes(reserved - allocated),
-        " of it cached, not in use); free on the device ",
-        formatBytes(free_bytes),
+        OutOfMemoryError, false, where, "Device capacity ", formatBytes(total),
+        "; ", accounting, "; free on the device ", formatBytes(free_bytes),
         ". Free tensors you no longer need, use smaller batches, or raise "
         "the capacity with PHANTOM_DEVICE_MEMORY.");
+  }
+
+  void releaseUncached(void* ptr, size_t size) {
+    if (ph_free(ptr) != PH_SUCCESS) {
+      std::fprintf(stderr, "phantom: ph_free(%p) failed: %s\n", ptr,
+                   ph_last_error_message());
+    }
+    uncached_bytes_ -= size;
+  }
+
+  // Frees deferred uncached memory (freeUncached) from a host thread,
+  // after waiting for the device's streams. mutex_ held.
+  void releaseDeferredUncached() {
+    if (deferred_uncached_.empty() || inDeviceWork()) {
+      return;
+    }
+    std::vector<std::pair<void*, size_t>> pending;
+    pending.swap(deferred_uncached_);
+    for (const auto& [ptr, size] : pending) {
+      releaseUncached(ptr, size);
+    }
+  }
+
+  // The per-process memory fraction (set_per_process_memory_fraction):
+  // reserved segments plus uncached allocations stay within `fraction_` of
+  // the capacity. At 1.0 only the driver limits them.
+  size_t allowedBytes() const {
+    return fraction_ >= 1.0 ? capacity_
+                            : static_cast<size_t>(fraction_ *
+                                                  static_cast<double>(capacity_));
+  }
+
+  bool exceedsFraction(size_t more_bytes) const {
+    if (fraction_ >= 1.0) {
+      return false;
+    }
+    const size_t in_use =
+        static_cast<size_t>(stats_.reserved_bytes[kAggregate].current) +
+        uncached_bytes_;
+    return in_use + more_bytes > allowedBytes();
+  }
+
+  // ph_malloc, or PH_ERROR_OUT_OF_MEMORY without asking the driver when
+  // the bytes would pass the fraction. mutex_ held.
+  ph_status_t mallocWithinFraction(size_t bytes, void** ptr) {
+    if (exceedsFraction(bytes)) {
+      return PH_ERROR_OUT_OF_MEMORY;
+    }
+    return ph_malloc(device_, bytes, ptr);
   }
 
   const c10::DeviceIndex device_;
@@ -697,6 +826,9 @@ class DeviceCachingAllocator {
   size_t capacity_ = 0;
 
   std::mutex mutex_;  // guards everything below
+  double fraction_ = 1.0;      // set_per_process_memory_fraction
+  size_t uncached_bytes_ = 0;  // live allocations made with caching off
+  std::vector<std::pair<void*, size_t>> deferred_uncached_;
   BlockPool small_{true};
   BlockPool large_{false};
   std::set<Block*> segments_;  // the head block of each segment
@@ -765,6 +897,20 @@ void deleteBlock(void* context) {
   deviceAllocator().releaseContext(context);
 }
 
+// An allocation made with the caching allocator disabled.
+struct UncachedAllocation {
+  void* ptr;
+  size_t size;  // as allocated (rounded)
+  c10::DeviceIndex device;
+};
+
+void deleteUncached(void* context) {
+  auto* allocation = static_cast<UncachedAllocation*>(context);
+  deviceAllocator().releaseUncached(allocation->device, allocation->ptr,
+                                    allocation->size);
+  delete allocation;
+}
+
 }  // namespace
 
 PhantomDeviceAllocator::PhantomDeviceAllocator() = default;
@@ -802,8 +948,14 @@ DeviceCachingAllocator& PhantomDeviceAllocator::forDevice(
 }
 
 c10::DataPtr PhantomDeviceAllocator::allocate(size_t nbytes) {
-  faultHookAllocation(nbytes);  // see phantom/FaultInjection.h
   const c10::DeviceIndex device = currentDevice();
+  return allocateOn(nbytes, device, currentPhantomStreamId(device));
+}
+
+c10::DataPtr PhantomDeviceAllocator::allocateOn(size_t nbytes,
+                                                c10::DeviceIndex device,
+                                                c10::StreamId stream) {
+  faultHookAllocation(nbytes);  // see phantom/FaultInjection.h
   const c10::Device where(c10::DeviceType::PrivateUse1, device);
   if (nbytes == 0) {
     return {nullptr, nullptr, &deleteBlock, where};
@@ -817,8 +969,44 @@ c10::DataPtr PhantomDeviceAllocator::allocate(size_t nbytes) {
                    "negative size converted to unsigned?); check the sizes "
                    "passed to the tensor or storage");
   DeviceCachingAllocator& allocator = forDevice(device);
-  Block* block = allocator.malloc(nbytes, currentPhantomStreamId(device));
+  if (C10_UNLIKELY(!caching_enabled_.load(std::memory_order_relaxed))) {
+    const size_t size = roundSize(nbytes);
+    void* ptr = allocator.mallocUncached(nbytes, size);
+    return {ptr, new UncachedAllocation{ptr, size, device}, &deleteUncached,
+            where};
+  }
+  Block* block = allocator.malloc(nbytes, stream);
   return {block->ptr, block, &deleteBlock, where};
+}
+
+void PhantomDeviceAllocator::releaseUncached(c10::DeviceIndex device,
+                                             void* ptr, size_t size) noexcept {
+  try {
+    devices_[device]->freeUncached(ptr, size);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "phantom: freeing device memory failed: %s\n",
+                 e.what());
+  }
+}
+
+void PhantomDeviceAllocator::setCachingEnabled(bool enabled) {
+  caching_enabled_.store(enabled, std::memory_order_relaxed);
+}
+
+bool PhantomDeviceAllocator::cachingEnabled() const {
+  return caching_enabled_.load(std::memory_order_relaxed);
+}
+
+void PhantomDeviceAllocator::setMemoryFraction(double fraction,
+                                               c10::DeviceIndex device) {
+  TORCH_CHECK_VALUE(fraction >= 0.0 && fraction <= 1.0,
+                    "set_per_process_memory_fraction: the fraction must be "
+                    "between 0 and 1, got ", fraction);
+  forDevice(device).setMemoryFraction(fraction);
+}
+
+double PhantomDeviceAllocator::memoryFraction(c10::DeviceIndex device) {
+  return forDevice(device).memoryFraction();
 }
 
 void PhantomDeviceAllocator::releaseContext(void* context) noexcept {
