@@ -102,7 +102,7 @@ __all__ = [
     "device_of", "init", "is_initialized", "synchronize",
     "get_device_properties", "get_device_name", "get_device_capability",
     "can_device_access_peer", "is_bf16_supported", "is_tf32_supported",
-    "get_amp_supported_dtype", "OutOfMemoryError", "AcceleratorError",
+    "get_amp_supported_dtype", "has_half", "OutOfMemoryError", "AcceleratorError",
     "set_sync_debug_mode", "get_sync_debug_mode", "ipc_collect",
     # Streams and events
     "Stream", "ExternalStream", "Event", "StreamContext", "stream",
@@ -138,6 +138,9 @@ _DeviceLike = _Union[_torch.device, str, int, None]
 # The exceptions phantom raises, under torch.cuda's names for them.
 OutOfMemoryError = _torch.OutOfMemoryError
 AcceleratorError = _torch.AcceleratorError
+
+# torch.cuda's legacy flag: float16 tensors work on the device.
+has_half = True
 
 _initialized = False
 _init_lock = _threading.Lock()

@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Tuple
 __all__ = ["range_push", "range_pop", "range_start", "range_end", "mark", "range"]
 
 
-class RangeEvent(NamedTuple):
+class _RangeEvent(NamedTuple):
     """What a listener receives: ``kind`` is ``"push"``, ``"pop"``,
     ``"start"``, ``"end"`` or ``"mark"``; ``message`` the range's or mark's
     text; ``ident`` the depth (push/pop) or range id (start/end), -1 for a
@@ -33,14 +33,14 @@ class RangeEvent(NamedTuple):
     time_ns: int
 
 
-_listeners: List[Callable[[RangeEvent], None]] = []
+_listeners: List[Callable[[_RangeEvent], None]] = []
 _local = _threading.local()
 _open_ranges: Dict[int, str] = {}  # range_start id -> message
 _open_lock = _threading.Lock()
 _next_id = _itertools.count(1)
 
 
-def _add_listener(listener: Callable[[RangeEvent], None]) -> Callable[[], None]:
+def _add_listener(listener: Callable[[_RangeEvent], None]) -> Callable[[], None]:
     """Calls ``listener(event)`` for every range and mark from now on (the
     profiler's hook point); returns a function that removes it."""
     _listeners.append(listener)
@@ -49,7 +49,7 @@ def _add_listener(listener: Callable[[RangeEvent], None]) -> Callable[[], None]:
 
 def _emit(kind: str, message: str, ident: int) -> None:
     if _listeners:
-        event = RangeEvent(kind, message, ident, _threading.get_ident(),
+        event = _RangeEvent(kind, message, ident, _threading.get_ident(),
                            _time.perf_counter_ns())
         for listener in list(_listeners):
             listener(event)

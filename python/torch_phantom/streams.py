@@ -361,6 +361,8 @@ class Event(torch.Event):
         )
 
     def ipc_handle(self):
+        """Not supported: phantom events cannot be shared between processes;
+        raises NotImplementedError."""
         raise NotImplementedError(
             f"{BACKEND_NAME} events cannot be shared between processes"
         )
