@@ -11,6 +11,7 @@
 #include <phantom/KernelHostMemory.h>
 #include <phantom/Launch.h>
 #include <phantom/Stream.h>
+#include <phantom/SyncDebug.h>
 #include <phantom/ops/KernelAliases.h>
 
 #include <ATen/core/Tensor.h>
@@ -28,6 +29,11 @@
 
 namespace phantom {
 namespace {
+
+// For torch.phantom.set_sync_debug_mode (phantom/SyncDebug.h).
+constexpr const char* kWaitReason =
+    "phantom computes convolutions on the host and waits for them; a device "
+    "kernel would be queued";
 
 void checkSameDevice(const char* op, const at::Tensor& a, const at::Tensor& b) {
   TORCH_CHECK(a.device() == b.device(),
@@ -96,6 +102,7 @@ at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight,
   }
   const c10::DeviceGuard guard(input.device());
   at::Tensor output;
+  noteHostWait("aten::convolution", kWaitReason);
   launchAndWait(getCurrentPhantomStream(input.device().index()),
                 "aten::convolution", [&] {
                   KernelAliases aliases;
@@ -131,6 +138,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolutionBackward(
   checkSameDevice("aten::convolution_backward", input, weight);
   const c10::DeviceGuard guard(input.device());
   at::Tensor grad_input, grad_weight, grad_bias;
+  noteHostWait("aten::convolution_backward", kWaitReason);
   launchAndWait(
       getCurrentPhantomStream(input.device().index()),
       "aten::convolution_backward", [&] {

@@ -19,11 +19,15 @@
 //   across devices   staged dense on the source device, then a blocking
 //                    device-to-device transfer after both devices' current
 //                    streams have finished their earlier work.
+// Every copy that makes the host wait (all but same-device copies and
+// non_blocking ones with pinned host memory) first tells
+// torch.phantom.set_sync_debug_mode (phantom/SyncDebug.h).
 #include <phantom/Exception.h>
 #include <phantom/FaultInjection.h>
 #include <phantom/HostAllocator.h>
 #include <phantom/Launch.h>
 #include <phantom/Stream.h>
+#include <phantom/SyncDebug.h>
 #include <phantom/ops/KernelAliases.h>
 
 #include <ATen/EmptyTensor.h>
@@ -78,6 +82,12 @@ void copyHostToDevice(const at::Tensor& src, const at::Tensor& dst,
   const c10::DeviceGuard guard(dst.device());
   const PhantomStream stream = getCurrentPhantomStream(dst.device().index());
   const bool pinned = isPinnedPointer(src.const_data_ptr());
+  if (!(pinned && non_blocking)) {
+    noteHostWait("aten::copy_ from host memory to phantom",
+                 pinned ? "non_blocking=False"
+                        : "the source is pageable memory, which the copy "
+                          "must read before returning");
+  }
   if (sameDenseLayout(src, dst) && !src.is_conj() && !src.is_neg()) {
     // From pageable memory the call returns once the bytes have been read;
     // from pinned memory it returns at once.
@@ -124,6 +134,12 @@ void copyDeviceToHost(const at::Tensor& src, const at::Tensor& dst,
   const bool dst_dense =
       dst.is_non_overlapping_and_dense() && !dst.is_conj() && !dst.is_neg();
   const bool pinned = dst_dense && isPinnedPointer(dst.const_data_ptr());
+  if (!(pinned && non_blocking)) {
+    noteHostWait("aten::copy_ from phantom to host memory",
+                 pinned ? "non_blocking=False"
+                        : ".cpu(), .tolist(), .numpy() or a copy into "
+                          "pageable memory, which waits for the bytes");
+  }
   const bool src_dense =
       src.is_non_overlapping_and_dense() && !src.is_conj() && !src.is_neg();
   at::Tensor dense;
@@ -185,6 +201,8 @@ void copyOnDevice(const at::Tensor& src, const at::Tensor& dst) {
 }
 
 void copyAcrossDevices(const at::Tensor& src, const at::Tensor& dst) {
+  noteHostWait("aten::copy_ between two phantom devices",
+               "the host waits for both devices' streams");
   at::Tensor staged = src;
   if (!sameDenseLayout(src, dst) || src.is_conj() || src.is_neg()) {
     const c10::DeviceGuard guard(src.device());

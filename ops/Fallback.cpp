@@ -26,6 +26,7 @@
 #include <phantom/Settings.h>
 #include <phantom/Generator.h>
 #include <phantom/Stream.h>
+#include <phantom/SyncDebug.h>
 #include <phantom/ops/GenericPath.h>
 #include <phantom/ops/KernelAliases.h>
 #include <phantom/ops/OpsReport.h>
@@ -274,6 +275,9 @@ void genericFallback(const c10::OperatorHandle& op, c10::DispatchKeySet,
       return;
     }
   }
+  // torch.phantom.set_sync_debug_mode: warn, or refuse before anything
+  // is counted, waited for or run.
+  noteHostWait(schema.name().c_str(), sync_reason);
   recordOpPath(schema.name(), OpPath::kGenericSync, sync_reason);
   const PhantomStream stream = getCurrentPhantomStream(device.index());
   for (size_t i = 0; i < num_args; ++i) {

@@ -11,6 +11,7 @@
 // The backward formulas are the derivatives of the forward below.
 #include <phantom/Launch.h>
 #include <phantom/Stream.h>
+#include <phantom/SyncDebug.h>
 #include <phantom/ops/KernelAliases.h>
 
 #include <ATen/ATen.h>
@@ -33,6 +34,9 @@ std::array<at::Tensor, N> runCell(const char* name, c10::Device device,
                                   Body&& body) {
   const c10::DeviceGuard guard(device);
   std::array<at::Tensor, N> results;
+  noteHostWait(name,
+               "phantom computes the fused RNN cells on the host and waits "
+               "for them; a device kernel would be queued");
   launchAndWait(getCurrentPhantomStream(device.index()), name, [&] {
     KernelAliases aliases;
     const std::array<at::Tensor, N> cpu = body(aliases);

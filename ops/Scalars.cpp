@@ -5,6 +5,7 @@
 #include <phantom/Exception.h>
 #include <phantom/Launch.h>
 #include <phantom/Stream.h>
+#include <phantom/SyncDebug.h>
 #include <phantom/ops/KernelAliases.h>
 
 #include <ATen/core/Tensor.h>
@@ -40,6 +41,8 @@ at::Tensor& zero(at::Tensor& self) {
 at::Scalar localScalarDense(const at::Tensor& self) {
   TORCH_CHECK(self.numel() == 1, "a Tensor with ", self.numel(),
               " elements cannot be converted to Scalar");
+  noteHostWait("aten::_local_scalar_dense",
+               ".item(), or a tensor read as a Python number or bool");
   const c10::DeviceGuard guard(self.device());
   at::Tensor host = at::empty({}, self.options().device(c10::kCPU));
   // A copy into pageable memory returns when the value has arrived, after

@@ -10,6 +10,7 @@
 // The current device is thread-local, as in CUDA. Stream and event handles
 // are registry ids (see handle_registry.h).
 #include <chrono>
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <functional>
@@ -18,6 +19,7 @@
 #include <thread>
 #include <utility>
 
+#include "activity.h"
 #include "config.h"
 #include "copy_channels.h"
 #include "copy_engine.h"
@@ -237,6 +239,57 @@ ph_status_t ph_device_get_properties(int device,
     out_props->multiprocessor_count = cores > 0 ? static_cast<int>(cores) : 1;
     out_props->stream_priority_low = kStreamPriorityLow;
     out_props->stream_priority_high = kStreamPriorityHigh;
+    return PH_SUCCESS;
+  });
+}
+
+ph_status_t ph_device_get_telemetry(int device,
+                                    ph_device_telemetry_t* out_telemetry) {
+  return Guarded("ph_device_get_telemetry", [&] {
+    if (out_telemetry == nullptr) {
+      return NullOut("ph_device_get_telemetry", "out_telemetry");
+    }
+    // The struct grows at the end (hal.h): fill what lies within the
+    // caller's struct_size, never past it.
+    const size_t size = out_telemetry->struct_size;
+    constexpr size_t kMinimum =
+        offsetof(ph_device_telemetry_t, valid) + sizeof(uint32_t);
+    if (size < kMinimum) {
+      return Fail(PH_ERROR_INVALID_ARGUMENT,
+                  "ph_device_get_telemetry: struct_size is " +
+                      std::to_string(size) + ", smaller than the " +
+                      std::to_string(kMinimum) +
+                      " bytes up to `valid`; set it to "
+                      "sizeof(ph_device_telemetry_t)");
+    }
+    const size_t writable = size < sizeof(ph_device_telemetry_t)
+                                ? size
+                                : sizeof(ph_device_telemetry_t);
+    std::memset(reinterpret_cast<char*>(out_telemetry) + sizeof(size_t), 0,
+                size - sizeof(size_t));
+    const ph_status_t valid = CheckDevice(device);
+    if (valid != PH_SUCCESS) return valid;
+    // The fake measures how long its workers ran work and copies
+    // (activity.h); it has no sensors: no temperature, power or clock.
+    const ActivitySample sample = SampleActivity(device);
+    ph_device_telemetry_t filled{};
+    filled.struct_size = size;
+    filled.valid = PH_TELEMETRY_UTILIZATION | PH_TELEMETRY_MEMORY_BUSY;
+    filled.utilization_percent = sample.compute_percent;
+    filled.memory_busy_percent = sample.memory_percent;
+    filled.sample_period_us = sample.period_ns / 1000;
+    // A field counts only if the caller's struct holds all of it.
+    if (writable < offsetof(ph_device_telemetry_t, memory_busy_percent) +
+                       sizeof(uint32_t)) {
+      filled.valid &= ~static_cast<uint32_t>(PH_TELEMETRY_MEMORY_BUSY);
+    }
+    if (writable < offsetof(ph_device_telemetry_t, utilization_percent) +
+                       sizeof(uint32_t)) {
+      filled.valid &= ~static_cast<uint32_t>(PH_TELEMETRY_UTILIZATION);
+    }
+    std::memcpy(reinterpret_cast<char*>(out_telemetry) + sizeof(size_t),
+                reinterpret_cast<const char*>(&filled) + sizeof(size_t),
+                writable - sizeof(size_t));
     return PH_SUCCESS;
   });
 }
@@ -534,6 +587,14 @@ ph_status_t ph_memcpy(void* dst, const void* src, size_t size,
     CopyPlan plan;
     const ph_status_t planned = PlanCopy("ph_memcpy", dst, src, size, kind, &plan);
     if (planned != PH_SUCCESS) return planned;
+    // Busy time of each device whose memory the copy reads or writes.
+    const int dst_device = DeviceOfAddress(reinterpret_cast<uintptr_t>(dst));
+    const int src_device = DeviceOfAddress(reinterpret_cast<uintptr_t>(src));
+    const MeteredSpan dst_metered(dst_device >= 0 ? &MemoryMeter(dst_device)
+                                                  : nullptr);
+    const MeteredSpan src_metered(
+        src_device >= 0 && src_device != dst_device ? &MemoryMeter(src_device)
+                                                    : nullptr);
     ChannelCopy(plan.dst, plan.src, plan.size);
     return PH_SUCCESS;
   });

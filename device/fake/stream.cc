@@ -6,6 +6,7 @@
 #include <string>
 #include <utility>
 
+#include "activity.h"
 #include "errors.h"
 #include "handle_registry.h"
 #include "spin_wait.h"
@@ -37,6 +38,21 @@ ph_status_t AsTaskError(ph_status_t status) {
       return status;
     default:
       return PH_ERROR_DEVICE;
+  }
+}
+
+// The device meter a task's running time counts on (activity.h): kernels
+// make the device busy, copies and fills its memory; event markers and
+// waits are bookkeeping.
+ActivityMeter* MeterFor(TaskKind kind, int device) {
+  switch (kind) {
+    case TaskKind::kHostFunc:
+      return &ComputeMeter(device);
+    case TaskKind::kCopy:
+    case TaskKind::kMemset:
+      return &MemoryMeter(device);
+    default:
+      return nullptr;
   }
 }
 
@@ -125,7 +141,10 @@ void Stream::Execute(Task task) {
       !task.runs_when_sticky;
   ph_status_t status = PH_SUCCESS;
   char error[kTaskErrorBytes] = "";
-  if (!skip) status = task.Run(error, sizeof error);
+  if (!skip) {
+    const MeteredSpan metered(MeterFor(task.kind, device_));
+    status = task.Run(error, sizeof error);
+  }
   task.Release();
   const char* name = task.name != nullptr ? task.name : "(unnamed)";
   std::function<void()> on_complete = std::move(task.on_complete);

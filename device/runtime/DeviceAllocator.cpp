@@ -1,4 +1,7 @@
-// See phantom/DeviceAllocator.h for the design.
+// See phantom/DeviceAllocator.h for the design; the free-block pools are in
+// AllocatorBlocks.h.
+#include "AllocatorBlocks.h"
+
 #include <phantom/DeviceAllocator.h>
 #include <phantom/Device.h>
 #include <phantom/Exception.h>
@@ -28,6 +31,8 @@ using c10::CachingAllocator::StatType;
 using c10::CachingDeviceAllocator::BlockInfo;
 using c10::CachingDeviceAllocator::DeviceStats;
 using c10::CachingDeviceAllocator::SegmentInfo;
+using allocator_detail::Block;
+using allocator_detail::BlockPool;
 
 namespace {
 
@@ -79,184 +84,6 @@ size_t segmentSizeFor(size_t rounded, size_t segment_cap) {
   return size <= segment_cap ? size : std::max(rounded, segment_cap);
 }
 
-struct Block;
-
-struct BlockComparator {
-  bool operator()(const Block* a, const Block* b) const;
-};
-
-// Free blocks of the small pool are kept in exact-size bins (one per
-// multiple of kMinBlockSize up to a whole small segment), per stream, with a
-// bitmap of the non-empty bins: finding the best fit, inserting and erasing
-// are a few word operations instead of a balanced-tree walk. Small requests
-// are most of a training step's allocations.
-constexpr size_t kSmallBins = kSmallBuffer / kMinBlockSize;
-constexpr size_t kBitsPerWord = 64;
-
-struct StreamBins {
-  explicit StreamBins(c10::StreamId s) : stream(s) {}
-  const c10::StreamId stream;
-  std::array<Block*, kSmallBins> heads{};  // LIFO lists through Block::bin_*
-  std::array<uint64_t, kSmallBins / kBitsPerWord> occupied{};
-  uint64_t occupied_words = 0;  // bit w: occupied[w] != 0
-};
-static_assert(kSmallBins / kBitsPerWord <= kBitsPerWord,
-              "the summary bitmap has one bit per bitmap word");
-
-// The free blocks of one pool. The large pool is ordered by (stream, size,
-// address), as CUDA's allocator orders it; the small pool uses bins.
-class BlockPool {
- public:
-  explicit BlockPool(bool small) : is_small(small) {}
-  const bool is_small;
-
-  void insert(Block* block);
-  void erase(Block* block);
-  // The smallest free block of `stream` of at least `size` bytes (left in
-  // the pool), or nullptr.
-  Block* bestFit(c10::StreamId stream, size_t size);
-  // Every free block, for the rare walks (releasing segments).
-  std::vector<Block*> all() const;
-
- private:
-  StreamBins* binsFor(c10::StreamId stream);
-
-  std::set<Block*, BlockComparator> sorted_;           // large pool
-  std::vector<std::unique_ptr<StreamBins>> bins_;      // small pool
-  StreamBins* last_bins_ = nullptr;                    // most recent stream
-};
-
-struct Block {
-  c10::DeviceIndex device;
-  c10::StreamId stream;  // the stream it was allocated on
-  size_t size;           // bytes, a multiple of kMinBlockSize
-  size_t requested_size = 0;
-  BlockPool* pool;
-  void* ptr;
-  bool allocated = false;
-  Block* prev = nullptr;  // neighbours within the segment
-  Block* next = nullptr;
-  Block* bin_prev = nullptr;  // free list of a small-pool bin
-  Block* bin_next = nullptr;
-  int pending_events = 0;  // record_stream events not yet completed
-  std::vector<c10::StreamId> stream_uses;  // record_stream; usually empty
-
-  Block(c10::DeviceIndex d, c10::StreamId s, size_t bytes, BlockPool* p,
-        void* address)
-      : device(d), stream(s), size(bytes), pool(p), ptr(address) {}
-
-  bool isSplit() const { return prev != nullptr || next != nullptr; }
-};
-
-bool BlockComparator::operator()(const Block* a, const Block* b) const {
-  if (a->stream != b->stream) {
-    return a->stream < b->stream;
-  }
-  if (a->size != b->size) {
-    return a->size < b->size;
-  }
-  return reinterpret_cast<uintptr_t>(a->ptr) <
-         reinterpret_cast<uintptr_t>(b->ptr);
-}
-
-size_t binOf(const Block* block) {
-  const size_t bin = block->size / kMinBlockSize - 1;
-  TORCH_INTERNAL_ASSERT(bin < kSmallBins, "small-pool block of ", block->size,
-                        " bytes");
-  return bin;
-}
-
-StreamBins* BlockPool::binsFor(c10::StreamId stream) {
-  if (last_bins_ != nullptr && last_bins_->stream == stream) {
-    return last_bins_;
-  }
-  for (auto& bins : bins_) {
-    if (bins->stream == stream) {
-      return last_bins_ = bins.get();
-    }
-  }
-  bins_.push_back(std::make_unique<StreamBins>(stream));
-  return last_bins_ = bins_.back().get();
-}
-
-void BlockPool::insert(Block* block) {
-  if (!is_small) {
-    sorted_.insert(block);
-    return;
-  }
-  StreamBins& bins = *binsFor(block->stream);
-  const size_t bin = binOf(block);
-  block->bin_prev = nullptr;
-  block->bin_next = bins.heads[bin];
-  if (block->bin_next != nullptr) {
-    block->bin_next->bin_prev = block;
-  }
-  bins.heads[bin] = block;
-  bins.occupied[bin / kBitsPerWord] |= uint64_t{1} << (bin % kBitsPerWord);
-  bins.occupied_words |= uint64_t{1} << (bin / kBitsPerWord);
-}
-
-void BlockPool::erase(Block* block) {
-  if (!is_small) {
-    sorted_.erase(block);
-    return;
-  }
-  StreamBins& bins = *binsFor(block->stream);
-  const size_t bin = binOf(block);
-  if (block->bin_prev != nullptr) {
-    block->bin_prev->bin_next = block->bin_next;
-  } else {
-    bins.heads[bin] = block->bin_next;
-  }
-  if (block->bin_next != nullptr) {
-    block->bin_next->bin_prev = block->bin_prev;
-  }
-  block->bin_prev = block->bin_next = nullptr;
-  if (bins.heads[bin] == nullptr) {
-    uint64_t& word = bins.occupied[bin / kBitsPerWord];
-    word &= ~(uint64_t{1} << (bin % kBitsPerWord));
-    if (word == 0) {
-      bins.occupied_words &= ~(uint64_t{1} << (bin / kBitsPerWord));
-    }
-  }
-}
-
-Block* BlockPool::bestFit(c10::StreamId stream, size_t size) {
-  if (!is_small) {
-    Block key(0, stream, size, this, nullptr);
-    auto it = sorted_.lower_bound(&key);
-    return it == sorted_.end() || (*it)->stream != stream ? nullptr : *it;
-  }
-  const StreamBins& bins = *binsFor(stream);
-  const size_t first = size / kMinBlockSize - 1;
-  size_t word = first / kBitsPerWord;
-  uint64_t bits = bins.occupied[word] & (~uint64_t{0} << (first % kBitsPerWord));
-  if (bits == 0) {
-    // The next non-empty word above, from the summary.
-    const uint64_t above = word + 1 < kBitsPerWord
-                               ? bins.occupied_words & (~uint64_t{0} << (word + 1))
-                               : 0;
-    if (above == 0) {
-      return nullptr;
-    }
-    word = static_cast<size_t>(__builtin_ctzll(above));
-    bits = bins.occupied[word];
-  }
-  return bins.heads[word * kBitsPerWord + __builtin_ctzll(bits)];
-}
-
-std::vector<Block*> BlockPool::all() const {
-  std::vector<Block*> blocks(sorted_.begin(), sorted_.end());
-  for (const auto& bins : bins_) {
-    for (Block* head : bins->heads) {
-      for (Block* b = head; b != nullptr; b = b->bin_next) {
-        blocks.push_back(b);
-      }
-    }
-  }
-  return blocks;
-}
-
 void deleteBlock(void* context);
 
 }  // namespace
@@ -279,11 +106,13 @@ class DeviceCachingAllocator {
     const size_t size = roundSize(requested);
     BlockPool& pool = size <= kSmallSize ? small_ : large_;
     Block* block = takeFreeBlock(pool, stream, size);
+    bool over_fraction = false;
     if (block == nullptr) {
-      block = newSegment(pool, stream, size, lock);
+      block = newSegment(pool, stream, size, lock, &over_fraction);
     }
     if (block == nullptr) {
-      throwOutOfMemory(requested, segmentSizeFor(size, segment_cap_), lock);
+      throwOutOfMemory(requested, segmentSizeFor(size, segment_cap_), lock,
+                       over_fraction);
     }
     block = splitForRequest(block, size);
     block->allocated = true;
@@ -333,6 +162,60 @@ class DeviceCachingAllocator {
     stats_.num_sync_all_streams += 1;
     processEvents();
     releaseCachedSegments();
+    releaseDeferredUncached();  // the streams were waited for above
+  }
+
+  void setMemoryFraction(double fraction) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    fraction_ = fraction;
+  }
+
+  double memoryFraction() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return fraction_;
+  }
+
+  // Memory straight from the driver, outside the cache (the caching
+  // allocator disabled, as CUDA's uncached allocations): not in the
+  // statistics, but within the per-process fraction. `size` is rounded.
+  void* mallocUncached(size_t requested, size_t size) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (!deferred_uncached_.empty() && !inDeviceWork()) {
+      lock.unlock();
+      synchronizeAllStreams(device_);
+      lock.lock();
+      releaseDeferredUncached();
+    }
+    void* ptr = nullptr;
+    ph_status_t status = mallocWithinFraction(size, &ptr);
+    if (status == PH_ERROR_OUT_OF_MEMORY) {
+      // Cached segments go back to the driver first, as for a new segment.
+      stats_.num_alloc_retries += 1;
+      releaseAfterSync(lock);
+      status = mallocWithinFraction(size, &ptr);
+    }
+    if (status == PH_ERROR_OUT_OF_MEMORY) {
+      throwOutOfMemory(requested, lock, exceedsFraction(size));
+    }
+    PHANTOM_CHECK(status);
+    uncached_bytes_ += size;
+    return ptr;
+  }
+
+  // Returns uncached memory to the driver once no queued work can use it:
+  // a host thread waits for the device's streams first, as cudaFree does.
+  // Device work must not wait for other streams (one may be waiting for
+  // it), so a free from there is deferred to the next uncached allocation
+  // or empty_cache() on a host thread.
+  void freeUncached(void* ptr, size_t size) {
+    if (inDeviceWork()) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      deferred_uncached_.emplace_back(ptr, size);
+      return;
+    }
+    synchronizeAllStreams(device_);
+    std::lock_guard<std::mutex> lock(mutex_);
+    releaseUncached(ptr, size);
   }
 
   DeviceStats stats() {
@@ -484,12 +367,15 @@ class DeviceCachingAllocator {
     return block;
   }
 
+  // A new segment for a request of `size`, or nullptr when neither the
+  // driver nor the per-process fraction (*over_fraction then) allows it,
+  // even after every cached segment went back to the driver.
   Block* newSegment(BlockPool& pool, c10::StreamId stream, size_t size,
-                    std::unique_lock<std::mutex>& lock) {
+                    std::unique_lock<std::mutex>& lock, bool* over_fraction) {
     const size_t segment_size = segmentSizeFor(size, segment_cap_);
     maybeCollectGarbage(segment_size, lock);
     void* ptr = nullptr;
-    ph_status_t status = ph_malloc(device_, segment_size, &ptr);
+    ph_status_t status = mallocWithinFraction(segment_size, &ptr);
     if (status == PH_ERROR_OUT_OF_MEMORY) {
       // Memory kept for other processes that are done with it comes back
       // first (phantom/Ipc.h); its frees take this lock.
@@ -499,9 +385,10 @@ class DeviceCachingAllocator {
       // Give every cached segment back and try once more.
       stats_.num_alloc_retries += 1;
       releaseAfterSync(lock);
-      status = ph_malloc(device_, segment_size, &ptr);
+      status = mallocWithinFraction(segment_size, &ptr);
     }
     if (status == PH_ERROR_OUT_OF_MEMORY) {
+      *over_fraction = exceedsFraction(segment_size);
       return nullptr;
     }
     PHANTOM_CHECK(status);
@@ -688,22 +575,27 @@ class DeviceCachingAllocator {
     }
     const auto reserved = static_cast<double>(
         stats_.reserved_bytes[kAggregate].current + segment_size);
-    if (reserved <= threshold * static_cast<double>(capacity_)) {
+    if (reserved <= threshold * static_cast<double>(allowedBytes())) {
       return;
     }
     releaseAfterSync(lock);
   }
 
-  // Called right after the driver refused `segment_size` bytes: its
-  // ph_last_error_message() (this thread's) still says why, in the
-  // driver's words (for the fake: the largest free range, and the setting
-  // that sets the capacity).
+  // Called right after the driver, or the per-process memory fraction,
+  // refused `segment_size` bytes. For the driver, its ph_last_error_message()
+  // (this thread's) still says why, in the driver's words (for the fake:
+  // the largest free range, and the setting that sets the capacity).
   [[noreturn]] void throwOutOfMemory(size_t requested, size_t segment_size,
-                                     std::unique_lock<std::mutex>& lock) {
-    const std::string driver_says = ph_last_error_message();
+                                     std::unique_lock<std::mutex>& lock,
+                                     bool over_fraction) {
+    const std::string driver_says =
+        over_fraction ? std::string() : std::string(ph_last_error_message());
     stats_.num_ooms += 1;
     const int64_t allocated = stats_.allocated_bytes[kAggregate].current;
     const int64_t reserved = stats_.reserved_bytes[kAggregate].current;
+    const size_t uncached = uncached_bytes_;
+    const double fraction = fraction_;
+    const size_t allowed = allowedBytes();
     size_t free_bytes = 0;
     size_t total = 0;
     (void)ph_mem_get_info(device_, &free_bytes, &total);
@@ -715,20 +607,89 @@ class DeviceCachingAllocator {
         segment_size > requested
             ? ", which needs a new " + formatBytes(segment_size) +
                   " segment of device memory (the caching allocator serves "
-                  "requests of this size from segments of that size), and "
-                  "the device has no free range that large"
+                  "requests of this size from segments of that size)" +
+                  (over_fraction ? std::string()
+                                 : std::string(", and the device has no free "
+                                               "range that large"))
             : std::string();
+    const std::string where = "phantom out of memory: tried to allocate " +
+                              formatBytes(requested) + " (" +
+                              std::to_string(requested) + " bytes) on phantom:" +
+                              std::to_string(static_cast<int>(device_)) +
+                              segment + ". ";
+    const std::string accounting =
+        "allocated by PyTorch " + formatBytes(allocated) +
+        "; reserved by PyTorch " + formatBytes(reserved) + " (" +
+        formatBytes(reserved - allocated) + " of it cached, not in use)" +
+        (uncached > 0 ? "; outside the cache (caching allocator disabled) " +
+                            formatBytes(uncached)
+                      : std::string());
+    if (over_fraction) {
+      char fraction_text[32];
+      std::snprintf(fraction_text, sizeof fraction_text, "%g", fraction);
+      TORCH_CHECK_WITH(
+          OutOfMemoryError, false, where,
+          "The per-process memory fraction ", fraction_text, " lets this "
+          "process use ", formatBytes(allowed), " of the device's ",
+          formatBytes(total), "; ", accounting, ". Raise it with "
+          "torch.phantom.set_per_process_memory_fraction(f, device=",
+          static_cast<int>(device_), ") (f up to 1.0), or free tensors you no "
+          "longer need.");
+    }
     TORCH_CHECK_WITH(
-        OutOfMemoryError, false, "phantom out of memory: tried to allocate ",
-        formatBytes(requested), " (", requested, " bytes) on phantom:",
-        static_cast<int>(device_), segment, ". Device capacity ",
-        formatBytes(total), "; allocated by PyTorch ", formatBytes(allocated),
-        "; reserved by PyTorch ", formatBytes(reserved), " (",
-        formatBytes(reserved - allocated),
-        " of it cached, not in use); free on the device ",
-        formatBytes(free_bytes),
+        OutOfMemoryError, false, where, "Device capacity ", formatBytes(total),
+        "; ", accounting, "; free on the device ", formatBytes(free_bytes),
         ". Free tensors you no longer need, or use smaller batches.",
         driver_says.empty() ? "" : " The driver says: ", driver_says);
+  }
+
+  void releaseUncached(void* ptr, size_t size) {
+    if (ph_free(ptr) != PH_SUCCESS) {
+      std::fprintf(stderr, "phantom: ph_free(%p) failed: %s\n", ptr,
+                   ph_last_error_message());
+    }
+    uncached_bytes_ -= size;
+  }
+
+  // Frees deferred uncached memory (freeUncached) from a host thread,
+  // after waiting for the device's streams. mutex_ held.
+  void releaseDeferredUncached() {
+    if (deferred_uncached_.empty() || inDeviceWork()) {
+      return;
+    }
+    std::vector<std::pair<void*, size_t>> pending;
+    pending.swap(deferred_uncached_);
+    for (const auto& [ptr, size] : pending) {
+      releaseUncached(ptr, size);
+    }
+  }
+
+  // The per-process memory fraction (set_per_process_memory_fraction):
+  // reserved segments plus uncached allocations stay within `fraction_` of
+  // the capacity. At 1.0 only the driver limits them.
+  size_t allowedBytes() const {
+    return fraction_ >= 1.0 ? capacity_
+                            : static_cast<size_t>(fraction_ *
+                                                  static_cast<double>(capacity_));
+  }
+
+  bool exceedsFraction(size_t more_bytes) const {
+    if (fraction_ >= 1.0) {
+      return false;
+    }
+    const size_t in_use =
+        static_cast<size_t>(stats_.reserved_bytes[kAggregate].current) +
+        uncached_bytes_;
+    return in_use + more_bytes > allowedBytes();
+  }
+
+  // ph_malloc, or PH_ERROR_OUT_OF_MEMORY without asking the driver when
+  // the bytes would pass the fraction. mutex_ held.
+  ph_status_t mallocWithinFraction(size_t bytes, void** ptr) {
+    if (exceedsFraction(bytes)) {
+      return PH_ERROR_OUT_OF_MEMORY;
+    }
+    return ph_malloc(device_, bytes, ptr);
   }
 
   const c10::DeviceIndex device_;
@@ -737,6 +698,9 @@ class DeviceCachingAllocator {
   size_t segment_cap_ = 0;  // largest segment bigger than its request
 
   std::mutex mutex_;  // guards everything below
+  double fraction_ = 1.0;      // set_per_process_memory_fraction
+  size_t uncached_bytes_ = 0;  // live allocations made with caching off
+  std::vector<std::pair<void*, size_t>> deferred_uncached_;
   BlockPool small_{true};
   BlockPool large_{false};
   std::set<Block*> segments_;  // the head block of each segment
@@ -780,6 +744,20 @@ void deleteBlock(void* context) {
   deviceAllocator().releaseContext(context);
 }
 
+// An allocation made with the caching allocator disabled.
+struct UncachedAllocation {
+  void* ptr;
+  size_t size;  // as allocated (rounded)
+  c10::DeviceIndex device;
+};
+
+void deleteUncached(void* context) {
+  auto* allocation = static_cast<UncachedAllocation*>(context);
+  deviceAllocator().releaseUncached(allocation->device, allocation->ptr,
+                                    allocation->size);
+  delete allocation;
+}
+
 }  // namespace
 
 PhantomDeviceAllocator::PhantomDeviceAllocator() = default;
@@ -817,8 +795,14 @@ DeviceCachingAllocator& PhantomDeviceAllocator::forDevice(
 }
 
 c10::DataPtr PhantomDeviceAllocator::allocate(size_t nbytes) {
-  faultHookAllocation(nbytes);  // see phantom/FaultInjection.h
   const c10::DeviceIndex device = currentDevice();
+  return allocateOn(nbytes, device, currentPhantomStreamId(device));
+}
+
+c10::DataPtr PhantomDeviceAllocator::allocateOn(size_t nbytes,
+                                                c10::DeviceIndex device,
+                                                c10::StreamId stream) {
+  faultHookAllocation(nbytes);  // see phantom/FaultInjection.h
   const c10::Device where(c10::DeviceType::PrivateUse1, device);
   if (nbytes == 0) {
     return {nullptr, nullptr, &deleteBlock, where};
@@ -832,8 +816,44 @@ c10::DataPtr PhantomDeviceAllocator::allocate(size_t nbytes) {
                    "negative size converted to unsigned?); check the sizes "
                    "passed to the tensor or storage");
   DeviceCachingAllocator& allocator = forDevice(device);
-  Block* block = allocator.malloc(nbytes, currentPhantomStreamId(device));
+  if (C10_UNLIKELY(!caching_enabled_.load(std::memory_order_relaxed))) {
+    const size_t size = roundSize(nbytes);
+    void* ptr = allocator.mallocUncached(nbytes, size);
+    return {ptr, new UncachedAllocation{ptr, size, device}, &deleteUncached,
+            where};
+  }
+  Block* block = allocator.malloc(nbytes, stream);
   return {block->ptr, block, &deleteBlock, where};
+}
+
+void PhantomDeviceAllocator::releaseUncached(c10::DeviceIndex device,
+                                             void* ptr, size_t size) noexcept {
+  try {
+    devices_[device]->freeUncached(ptr, size);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "phantom: freeing device memory failed: %s\n",
+                 e.what());
+  }
+}
+
+void PhantomDeviceAllocator::setCachingEnabled(bool enabled) {
+  caching_enabled_.store(enabled, std::memory_order_relaxed);
+}
+
+bool PhantomDeviceAllocator::cachingEnabled() const {
+  return caching_enabled_.load(std::memory_order_relaxed);
+}
+
+void PhantomDeviceAllocator::setMemoryFraction(double fraction,
+                                               c10::DeviceIndex device) {
+  TORCH_CHECK_VALUE(fraction >= 0.0 && fraction <= 1.0,
+                    "set_per_process_memory_fraction: the fraction must be "
+                    "between 0 and 1, got ", fraction);
+  forDevice(device).setMemoryFraction(fraction);
+}
+
+double PhantomDeviceAllocator::memoryFraction(c10::DeviceIndex device) {
+  return forDevice(device).memoryFraction();
 }
 
 void PhantomDeviceAllocator::releaseContext(void* context) noexcept {

@@ -7,6 +7,7 @@
 // (torch.Event(enable_timing=True)) enables it.
 #include <phantom/DeviceAllocator.h>
 #include <phantom/Device.h>
+#include <phantom/DeviceState.h>
 #include <phantom/Exception.h>
 #include <phantom/Launch.h>
 #include <phantom/Stream.h>
@@ -61,6 +62,18 @@ struct PhantomGuardImpl final : public c10::impl::DeviceGuardImplInterface {
 
   c10::Stream getNewStream(c10::Device device, int priority) const override {
     return getStreamFromPool(priority, device.index()).unwrap();
+  }
+
+  // torch.Stream.native_handle: the driver stream (ph_stream_t).
+  void* getStreamNativeHandle(const c10::Stream stream) const override {
+    return PhantomStream(stream).handle();
+  }
+
+  // torch.accelerator.get_device_capability: the dtypes phantom tensors
+  // hold and convert between (DeviceState.h); the same on every device.
+  c10::DeviceCapability getDeviceCapability(c10::Device device) const override {
+    checkDeviceIndex(device.index() < 0 ? currentDevice() : device.index());
+    return deviceCapability();
   }
 
   c10::Stream exchangeStream(c10::Stream stream) const override {

@@ -1,5 +1,6 @@
 // See phantom/Stream.h. Stream ids: 0 is the default stream, 1..32 the
-// low-priority pool, 33..64 the high-priority pool.
+// low-priority pool, 33..64 the high-priority pool; a negative id is an
+// external stream's handle.
 #include <phantom/Device.h>
 #include <phantom/Exception.h>
 #include <phantom/Launch.h>
@@ -7,10 +8,15 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
+#include <cstdint>
+#include <cstdio>
 #include <exception>
 #include <mutex>
+#include <string>
+#include <vector>
 
 namespace phantom {
 namespace {
@@ -23,6 +29,10 @@ struct DeviceStreams {
   std::array<std::atomic<ph_stream_t>, kStreamsPerDevice> handles{};
   std::atomic<uint32_t> next_low{0};
   std::atomic<uint32_t> next_high{0};
+  // Registered external streams (guarded by create_mutex), and whether
+  // there are any (read without the lock on the synchronize paths).
+  std::vector<ph_stream_t> external;
+  std::atomic<bool> has_external{false};
 };
 
 DeviceStreams& streamsOf(c10::DeviceIndex device) {
@@ -46,6 +56,38 @@ int priorityOfId(c10::StreamId id) {
   return id > kStreamsPerPool ? kHighPriority : kLowPriority;
 }
 
+std::string hexString(ph_stream_t handle) {
+  char text[32];
+  std::snprintf(text, sizeof text, "0x%llx",
+                static_cast<unsigned long long>(
+                    reinterpret_cast<uintptr_t>(handle)));
+  return text;
+}
+
+c10::StreamId externalId(ph_stream_t handle) {
+  return -1 - static_cast<c10::StreamId>(reinterpret_cast<uintptr_t>(handle));
+}
+
+ph_stream_t externalHandle(c10::StreamId id) {
+  return reinterpret_cast<ph_stream_t>(static_cast<uintptr_t>(-1 - id));
+}
+
+bool isRegisteredExternal(c10::DeviceIndex device, ph_stream_t handle) {
+  DeviceStreams& streams = streamsOf(device);
+  std::lock_guard<std::mutex> lock(streams.create_mutex);
+  return std::find(streams.external.begin(), streams.external.end(), handle) !=
+         streams.external.end();
+}
+
+std::vector<ph_stream_t> externalStreamsOf(c10::DeviceIndex device) {
+  DeviceStreams& streams = streamsOf(device);
+  if (!streams.has_external.load(std::memory_order_acquire)) {
+    return {};
+  }
+  std::lock_guard<std::mutex> lock(streams.create_mutex);
+  return streams.external;
+}
+
 c10::Stream makeStream(c10::DeviceIndex device, c10::StreamId id) {
   return c10::Stream(c10::Stream::UNSAFE,
                      c10::Device(c10::DeviceType::PrivateUse1, device), id);
@@ -57,7 +99,18 @@ PhantomStream::PhantomStream(c10::Stream stream) : stream_(stream) {
   TORCH_CHECK(stream.device_type() == c10::DeviceType::PrivateUse1,
               "expected a phantom stream, got a stream of device type ",
               stream.device_type());
-  TORCH_CHECK(stream.id() >= 0 && stream.id() < kStreamsPerDevice,
+  if (C10_UNLIKELY(stream.id() < 0)) {
+    TORCH_CHECK(stream.device_index() >= 0 &&
+                    stream.device_index() < deviceCountNoThrow() &&
+                    isRegisteredExternal(stream.device_index(),
+                                         externalHandle(stream.id())),
+                "invalid phantom stream id ", stream.id(), ": not an external "
+                "stream of phantom:", static_cast<int>(stream.device_index()),
+                "; wrap a driver stream with "
+                "torch.phantom.get_stream_from_external() first");
+    return;
+  }
+  TORCH_CHECK(stream.id() < kStreamsPerDevice,
               "invalid phantom stream id ", stream.id(), " (valid ids are 0..",
               kStreamsPerDevice - 1, "); make streams with "
               "torch.phantom.Stream() or torch.phantom.current_stream() "
@@ -65,12 +118,20 @@ PhantomStream::PhantomStream(c10::Stream stream) : stream_(stream) {
 }
 
 int PhantomStream::priority() const {
+  if (is_external()) {
+    int priority = 0;
+    PHANTOM_CHECK(ph_stream_get_priority(externalHandle(id()), &priority));
+    return priority;
+  }
   return priorityOfId(id());
 }
 
 ph_stream_t PhantomStream::handle() const {
   if (C10_UNLIKELY(inBadFork())) {
     throwBadFork();  // the driver stream's worker thread is not in this process
+  }
+  if (C10_UNLIKELY(is_external())) {
+    return externalHandle(id());
   }
   DeviceStreams& streams = streamsOf(device_index());
   std::atomic<ph_stream_t>& slot = streams.handles[id()];
@@ -100,13 +161,14 @@ static void resetStream(c10::DeviceIndex device, c10::StreamId id, ph_stream_t f
   }
 }
 
-// Raises `status` (an error of work on `stream`) and resets the stream.
+// Raises `status` (an error of work on `stream`) and resets the stream,
+// unless it is an external one, which is its owner's to replace.
 static void raiseStreamError(ph_status_t status, const PhantomStream& stream,
                       ph_stream_t handle) {
   try {
     PHANTOM_CHECK(status);
   } catch (...) {
-    if (status == PH_ERROR_DEVICE) {
+    if (status == PH_ERROR_DEVICE && !stream.is_external()) {
       resetStream(stream.device_index(), stream.id(), handle);
     }
     throw;
@@ -167,6 +229,41 @@ PhantomStream getStreamFromPool(int priority, c10::DeviceIndex device) {
   return getStreamFromPool(priority < 0, device);
 }
 
+PhantomStream streamFromHandle(ph_stream_t handle, c10::DeviceIndex device) {
+  TORCH_CHECK(handle != nullptr,
+              "a phantom driver stream handle must not be null (0)");
+  int owner = -1;
+  const ph_status_t status = ph_stream_get_device(handle, &owner);
+  TORCH_CHECK(status == PH_SUCCESS, hexString(handle),
+              " is not a live phantom driver stream: ", ph_last_error_message(),
+              ". Pass the handle ph_stream_create gave, and keep that stream "
+              "alive while torch uses it");
+  const auto stream_device = static_cast<c10::DeviceIndex>(owner);
+  TORCH_CHECK(device < 0 || device == stream_device,
+              "the driver stream ", hexString(handle),
+              " belongs to phantom:", owner, ", not phantom:",
+              static_cast<int>(device),
+              "; pass device=", owner, " or leave device unset");
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(handle) <= uintptr_t{INT64_MAX},
+              "the driver stream handle ", hexString(handle),
+              " does not fit a stream id");
+  DeviceStreams& streams = streamsOf(stream_device);
+  for (c10::StreamId id = 0; id < kStreamsPerDevice; ++id) {
+    if (streams.handles[id].load(std::memory_order_acquire) == handle) {
+      return PhantomStream(makeStream(stream_device, id));  // one of ours
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(streams.create_mutex);
+    if (std::find(streams.external.begin(), streams.external.end(), handle) ==
+        streams.external.end()) {
+      streams.external.push_back(handle);
+      streams.has_external.store(true, std::memory_order_release);
+    }
+  }
+  return PhantomStream(makeStream(stream_device, externalId(handle)));
+}
+
 void setCurrentPhantomStream(PhantomStream stream) {
   checkDeviceIndex(stream.device_index());
   current_stream_ids[stream.device_index()] = stream.id();
@@ -187,6 +284,18 @@ void synchronizeDevice(c10::DeviceIndex device) {
       }
     }
   }
+  for (ph_stream_t handle : externalStreamsOf(device)) {
+    if (ph_stream_query(handle) == PH_ERROR_INVALID_HANDLE) {
+      continue;  // its owner destroyed it: nothing left to wait for
+    }
+    try {
+      PhantomStream(makeStream(device, externalId(handle))).synchronize();
+    } catch (...) {
+      if (!first_error) {
+        first_error = std::current_exception();
+      }
+    }
+  }
   if (first_error) {
     std::rethrow_exception(first_error);
   }
@@ -201,6 +310,11 @@ void synchronizeAllStreams(c10::DeviceIndex device) {
       // A stream's sticky error is reported by its own sync; here only the
       // waiting matters.
       (void)ph_stream_synchronize(handle);
+    }
+  }
+  for (ph_stream_t handle : externalStreamsOf(device)) {
+    if (handle != self) {
+      (void)ph_stream_synchronize(handle);  // a destroyed one: INVALID_HANDLE
     }
   }
   releaseFinishedWork();  // the closures of the work just waited for

@@ -7,6 +7,7 @@
 // release the GIL wherever they may wait for the device.
 #include <phantom/DeviceAllocator.h>
 #include <phantom/Device.h>
+#include <phantom/DeviceState.h>
 #include <phantom/FaultInjection.h>
 #include <phantom/Generator.h>
 #include <phantom/HostAllocator.h>
@@ -16,6 +17,7 @@
 #include <phantom/Launch.h>
 #include <phantom/Stream.h>
 #include <phantom/hal.h>
+#include <phantom/SyncDebug.h>
 
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/Generator.h>
@@ -39,18 +41,27 @@ phantom::PhantomStream phantomStream(c10::DeviceIndex device,
       id));
 }
 
+// The caching allocator's statistics, nested as
+// torch.cuda.memory_stats_as_nested_dict() nests them
+// ({"allocated_bytes": {"all": {"current": ...}}}); memory.py flattens them.
 py::dict memoryStats(c10::DeviceIndex device) {
   const auto stats = phantom::deviceAllocator().getDeviceStats(device);
   py::dict result;
   const char* pools[] = {"all", "small_pool", "large_pool"};
+  const auto stat = [](const c10::CachingAllocator::Stat& s) {
+    py::dict d;
+    d["current"] = s.current;
+    d["peak"] = s.peak;
+    d["allocated"] = s.allocated;
+    d["freed"] = s.freed;
+    return d;
+  };
   auto add_array = [&](const char* name, const c10::CachingAllocator::StatArray& array) {
+    py::dict by_pool;
     for (size_t i = 0; i < array.size(); ++i) {
-      const std::string prefix = std::string(name) + "." + pools[i] + ".";
-      result[py::str(prefix + "current")] = array[i].current;
-      result[py::str(prefix + "peak")] = array[i].peak;
-      result[py::str(prefix + "allocated")] = array[i].allocated;
-      result[py::str(prefix + "freed")] = array[i].freed;
+      by_pool[pools[i]] = stat(array[i]);
     }
+    result[name] = by_pool;
   };
   add_array("allocation", stats.allocation);
   add_array("segment", stats.segment);
@@ -66,10 +77,8 @@ py::dict memoryStats(c10::DeviceIndex device) {
   result["num_sync_all_streams"] = stats.num_sync_all_streams;
   result["num_device_alloc"] = stats.num_device_alloc;
   result["num_device_free"] = stats.num_device_free;
-  result["oversize_allocations.current"] = stats.oversize_allocations.current;
-  result["oversize_allocations.peak"] = stats.oversize_allocations.peak;
-  result["oversize_segments.current"] = stats.oversize_segments.current;
-  result["oversize_segments.peak"] = stats.oversize_segments.peak;
+  result["oversize_allocations"] = stat(stats.oversize_allocations);
+  result["oversize_segments"] = stat(stats.oversize_segments);
   result["max_split_size"] = stats.max_split_size;
   return result;
 }
@@ -106,10 +115,23 @@ py::dict hostMemoryStats() {
   return result;
 }
 
+py::dict deviceProperties(c10::DeviceIndex device) {
+  const phantom::DeviceProperties props = phantom::deviceProperties(device);
+  py::dict d;
+  d["name"] = props.name;
+  d["total_memory"] = props.total_memory;
+  d["multi_processor_count"] = props.multi_processor_count;
+  d["major"] = props.major;
+  d["minor"] = props.minor;
+  d["stream_priority_low"] = props.stream_priority_low;
+  d["stream_priority_high"] = props.stream_priority_high;
+  return d;
+}
+
 // What `python -m torch_phantom` reports about the driver, straight from the
 // HAL: the ABI it was built for, the shared library it lives in, and each
-// device's properties. Never throws: a driver that failed to start has no
-// devices here (_driver_error says why).
+// device's properties. A driver that failed to start has no devices here
+// (_driver_error says why).
 py::dict halInfo() {
   py::dict info;
   info["abi_version"] = ph_abi_version();
@@ -122,18 +144,27 @@ py::dict halInfo() {
           : std::string();
   py::list devices;
   for (int d = 0; d < phantom::deviceCountNoThrow(); ++d) {
-    ph_device_properties_t props{};
-    if (ph_device_get_properties(d, &props) != PH_SUCCESS) break;
-    py::dict device;
-    device["name"] = std::string(props.name);
-    device["total_memory"] = props.total_memory;
-    device["multiprocessor_count"] = props.multiprocessor_count;
-    device["stream_priority_low"] = props.stream_priority_low;
-    device["stream_priority_high"] = props.stream_priority_high;
-    devices.append(device);
+    devices.append(deviceProperties(static_cast<c10::DeviceIndex>(d)));
   }
   info["devices"] = devices;
   return info;
+}
+
+// Each measurement, or None where the driver does not take it.
+py::dict deviceTelemetry(c10::DeviceIndex device) {
+  const phantom::DeviceTelemetry t = phantom::deviceTelemetry(device);
+  const auto value = [](const auto& optional) -> py::object {
+    return optional ? py::cast(*optional) : py::none();
+  };
+  py::dict d;
+  d["driver_reports"] = t.driver_reports;
+  d["utilization"] = value(t.utilization_percent);
+  d["memory_busy"] = value(t.memory_busy_percent);
+  d["temperature"] = value(t.temperature_c);
+  d["power_draw"] = value(t.power_draw_mw);
+  d["clock_rate"] = value(t.clock_mhz);
+  d["sample_period_us"] = t.sample_period_us;
+  return d;
 }
 
 }  // namespace
@@ -162,6 +193,13 @@ PYBIND11_MODULE(_C, m) {
         });
   m.def("_stream_priority_range", [] {
     return py::make_tuple(phantom::kLowPriority, phantom::kHighPriority);
+  });
+  // A driver stream handle (ph_stream_t, as an int) as (stream_id,
+  // device_index): one of the runtime's streams, or an external one.
+  m.def("_stream_from_handle", [](uintptr_t handle, c10::DeviceIndex device) {
+    const phantom::PhantomStream stream = phantom::streamFromHandle(
+        reinterpret_cast<ph_stream_t>(handle), device);
+    return py::make_tuple(stream.id(), stream.device_index());
   });
   // torch.Event.elapsed_time accepts only an end event of exactly type
   // torch.Event (a Py_TYPE check), not torch.phantom.Event; this is the same
@@ -207,6 +245,43 @@ PYBIND11_MODULE(_C, m) {
   m.def("_mem_get_info", [](c10::DeviceIndex d) {
     return phantom::deviceAllocator().getMemoryInfo(d);
   });
+  m.def("_set_memory_fraction", [](double fraction, c10::DeviceIndex d) {
+    phantom::deviceAllocator().setMemoryFraction(fraction, d);
+  });
+  m.def("_get_memory_fraction", [](c10::DeviceIndex d) {
+    return phantom::deviceAllocator().memoryFraction(d);
+  });
+  m.def("_caching_allocator_enable", [](bool enabled) {
+    phantom::deviceAllocator().setCachingEnabled(enabled);
+  });
+  m.def("_caching_allocator_is_enabled",
+        [] { return phantom::deviceAllocator().cachingEnabled(); });
+  // caching_allocator_alloc: memory for work on the stream (device, id).
+  m.def("_caching_allocator_raw_alloc",
+        [](size_t size, c10::DeviceIndex device, c10::StreamId stream) {
+          phantomStream(device, stream);  // checks the stream exists
+          return reinterpret_cast<uintptr_t>(
+              phantom::deviceAllocator().rawAlloc(size, device, stream));
+        },
+        py::call_guard<py::gil_scoped_release>());
+  m.def("_caching_allocator_raw_delete",
+        [](uintptr_t ptr) {
+          phantom::deviceAllocator().rawDelete(reinterpret_cast<void*>(ptr));
+        },
+        py::call_guard<py::gil_scoped_release>());
+
+  // Device information and state (device_module.py, device_state.py).
+  m.def("_device_properties", &deviceProperties);
+  m.def("_device_telemetry", &deviceTelemetry);
+  m.def("_device_memory_used",
+        [](c10::DeviceIndex d) { return phantom::deviceMemoryUsed(d); });
+
+  // torch.phantom.set_sync_debug_mode (phantom/SyncDebug.h).
+  m.def("_set_sync_debug_mode", [](int mode) {
+    phantom::setSyncDebugMode(static_cast<phantom::SyncDebugMode>(mode));
+  });
+  m.def("_get_sync_debug_mode",
+        [] { return static_cast<int>(phantom::syncDebugMode()); });
 
   // First use of the device: checks that the driver started and registers
   // the runtime's fork handler (phantom/Device.h).

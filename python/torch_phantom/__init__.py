@@ -40,6 +40,13 @@ def _register() -> None:
         return
     torch.utils.rename_privateuse1_backend(BACKEND_NAME)
     torch._register_device_module(BACKEND_NAME, _device_module)
+    # torch.phantom.memory etc. are importable by those names too
+    # (`import torch.phantom.memory`, `from torch.phantom.streams import
+    # Stream`), as torch.cuda's submodules are.
+    import sys
+
+    for name in ("memory", "streams", "random", "nvtx", "faults"):
+        sys.modules[f"torch.{BACKEND_NAME}.{name}"] = getattr(_device_module, name)
     torch.utils.generate_methods_for_privateuse1_backend(
         for_tensor=True, for_module=True, for_storage=True
     )
@@ -63,6 +70,7 @@ def ops_report() -> list:
 
 
 def reset_ops_report() -> None:
+    """Zeroes the counts ``ops_report()`` returns."""
     _C._reset_ops_report()
 
 

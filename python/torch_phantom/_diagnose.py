@@ -64,7 +64,7 @@ def _device_lines(hal: dict) -> List[str]:
         free, _ = torch.phantom.mem_get_info(index)
         lines.append(
             f"phantom:{index}  {props['name']}: {_size(props['total_memory'])} "
-            f"({_size(free)} free), {props['multiprocessor_count']} compute units, "
+            f"({_size(free)} free), {props['multi_processor_count']} compute units, "
             f"stream priorities {props['stream_priority_high']} (high) to "
             f"{props['stream_priority_low']} (low)")
     return lines

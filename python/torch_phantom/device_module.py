@@ -1,8 +1,14 @@
 """``torch.phantom``: the device module, spelled as ``torch.cuda`` spells it.
 
-Devices and synchronisation live here; streams and events, random number
-generation and memory statistics come from ``streams.py``, ``random.py`` and
-``memory.py`` and are re-exported.
+Devices, initialisation and synchronisation live here. Streams and events
+(``streams.py``), random number generation (``random.py``), memory
+(``memory.py``), device properties (``_device_info.py``), the state the
+driver measures (``_device_state.py``) and profiler ranges (``nvtx.py``)
+come from their modules and are re-exported; ``torch.phantom.memory``,
+``.streams``, ``.random`` and ``.nvtx`` are those modules, as in
+``torch.cuda``. ``docs/api-coverage.md`` lists every name of
+``torch.cuda.__all__`` with phantom's answer.
+
 Initialisation is lazy, as for CUDA: the first use of a device (creating a
 tensor on it, or calling most functions here) checks that the driver
 started and installs the fork guard, so a forked child that touches the
@@ -10,40 +16,64 @@ device gets a clear error instead of a hang on worker threads it does not
 have.
 """
 
-import threading
-from typing import Any, Optional, Union
+import threading as _threading
+from typing import Any as _Any
+from typing import Union as _Union
 
-import torch
+import torch as _torch
 
 from . import _C
-from . import faults  # noqa: F401  (torch.phantom.faults)
-from ._name import BACKEND_NAME
-from .memory import (  # noqa: F401
+from . import faults, memory, nvtx, random, streams
+from ._name import BACKEND_NAME as _BACKEND_NAME
+from ._device_info import (
+    can_device_access_peer,
+    get_device_capability,
+    get_device_name,
+    get_device_properties,
+    is_bf16_supported,
+    is_tf32_supported,
+)
+from ._device_state import (
+    clock_rate,
+    device_memory_used,
+    memory_usage,
+    power_draw,
+    temperature,
+    utilization,
+)
+from .memory import (
+    caching_allocator_alloc,
+    caching_allocator_delete,
+    caching_allocator_disabled,
+    caching_allocator_enable,
     empty_cache,
+    empty_host_cache,
+    get_allocator_backend,
+    get_per_process_memory_fraction,
+    host_memory_stats,
+    host_memory_stats_as_nested_dict,
+    kernel_host_memory_stats,
+    list_gpu_processes,
     max_memory_allocated,
+    max_memory_cached,
     max_memory_reserved,
     mem_get_info,
     memory_allocated,
+    memory_cached,
     memory_reserved,
     memory_snapshot,
-    host_memory_stats,
-    empty_host_cache,
-    kernel_host_memory_stats,
-    reset_peak_host_memory_stats,
     memory_stats,
+    memory_stats_as_nested_dict,
+    memory_summary,
+    reset_accumulated_host_memory_stats,
     reset_accumulated_memory_stats,
+    reset_max_memory_allocated,
+    reset_max_memory_cached,
+    reset_peak_host_memory_stats,
     reset_peak_memory_stats,
+    set_per_process_memory_fraction,
 )
-from .streams import (  # noqa: F401
-    Event,
-    Stream,
-    StreamContext,
-    current_stream,
-    default_stream,
-    set_stream,
-    stream,
-)
-from .random import (  # noqa: F401
+from .random import (
     get_rng_state,
     get_rng_state_all,
     initial_seed,
@@ -54,11 +84,66 @@ from .random import (  # noqa: F401
     set_rng_state,
     set_rng_state_all,
 )
+from .streams import (
+    Event,
+    ExternalStream,
+    Stream,
+    StreamContext,
+    current_stream,
+    default_stream,
+    get_stream_from_external,
+    set_stream,
+    stream,
+)
 
-_DeviceLike = Union[torch.device, str, int, None]
+__all__ = [
+    # Devices and initialisation
+    "is_available", "device_count", "current_device", "set_device", "device",
+    "device_of", "init", "is_initialized", "synchronize",
+    "get_device_properties", "get_device_name", "get_device_capability",
+    "can_device_access_peer", "is_bf16_supported", "is_tf32_supported",
+    "get_amp_supported_dtype", "has_half", "OutOfMemoryError", "AcceleratorError",
+    "set_sync_debug_mode", "get_sync_debug_mode", "ipc_collect",
+    # Streams and events
+    "Stream", "ExternalStream", "Event", "StreamContext", "stream",
+    "current_stream", "default_stream", "set_stream",
+    "get_stream_from_external",
+    # Random numbers
+    "default_generators", "get_rng_state", "get_rng_state_all",
+    "set_rng_state", "set_rng_state_all", "manual_seed", "manual_seed_all",
+    "seed", "seed_all", "initial_seed",
+    # Memory
+    "empty_cache", "memory_stats", "memory_stats_as_nested_dict",
+    "memory_summary", "memory_snapshot", "memory_allocated",
+    "max_memory_allocated", "memory_reserved", "max_memory_reserved",
+    "memory_cached", "max_memory_cached", "reset_peak_memory_stats",
+    "reset_accumulated_memory_stats", "reset_max_memory_allocated",
+    "reset_max_memory_cached", "mem_get_info", "list_gpu_processes",
+    "set_per_process_memory_fraction", "get_per_process_memory_fraction",
+    "caching_allocator_alloc", "caching_allocator_delete",
+    "caching_allocator_enable", "caching_allocator_disabled",
+    "get_allocator_backend", "host_memory_stats",
+    "host_memory_stats_as_nested_dict", "reset_peak_host_memory_stats",
+    "reset_accumulated_host_memory_stats", "empty_host_cache",
+    "kernel_host_memory_stats",
+    # Device state
+    "device_memory_used", "memory_usage", "utilization", "temperature",
+    "power_draw", "clock_rate",
+    # Submodules
+    "memory", "streams", "random", "nvtx", "faults",
+]
+
+_DeviceLike = _Union[_torch.device, str, int, None]
+
+# The exceptions phantom raises, under torch.cuda's names for them.
+OutOfMemoryError = _torch.OutOfMemoryError
+AcceleratorError = _torch.AcceleratorError
+
+# torch.cuda's legacy flag: float16 tensors work on the device.
+has_half = True
 
 _initialized = False
-_init_lock = threading.Lock()
+_init_lock = _threading.Lock()
 
 
 def is_available() -> bool:
@@ -79,6 +164,8 @@ def _is_in_bad_fork() -> bool:
 
 
 def is_initialized() -> bool:
+    """True once this process has initialised phantom (the first use of a
+    device, or :func:`init`), and is not a child forked after that."""
     return _initialized and not _is_in_bad_fork()
 
 
@@ -99,6 +186,13 @@ def _lazy_init() -> None:
         _initialized = True
 
 
+def init() -> None:
+    """Initialises phantom now rather than at the first use of a device:
+    checks that the driver started (raising its reason if not) and installs
+    the fork guard. Does nothing if already initialised."""
+    _lazy_init()
+
+
 def _get_device_index(device: _DeviceLike, optional: bool = False) -> int:
     """The index named by ``device``; -1 for None when ``optional``."""
     if device is None:
@@ -108,20 +202,21 @@ def _get_device_index(device: _DeviceLike, optional: bool = False) -> int:
     if isinstance(device, int):
         return device
     if isinstance(device, str):
-        device = torch.device(device)
-    if not isinstance(device, torch.device):
+        device = _torch.device(device)
+    if not isinstance(device, _torch.device):
         raise TypeError(
             f"expected a phantom device as an int, str or torch.device, "
             f"got {type(device).__name__}"
         )
-    if device.type != BACKEND_NAME:
-        raise ValueError(f"expected a {BACKEND_NAME} device, got '{device}'")
+    if device.type != _BACKEND_NAME:
+        raise ValueError(f"expected a {_BACKEND_NAME} device, got '{device}'")
     if device.index is None:
         return -1 if optional else current_device()
     return device.index
 
 
 def current_device() -> int:
+    """The index of this thread's current phantom device (0 until set)."""
     _lazy_init()
     return _C._get_device()
 
@@ -155,7 +250,7 @@ class device:
             self.prev_idx = _C._exchange_device(self.idx)
         return self
 
-    def __exit__(self, *exc: Any) -> bool:
+    def __exit__(self, *exc: _Any) -> bool:
         if self.idx >= 0:
             _C._set_device(self.prev_idx)
         return False
@@ -164,12 +259,58 @@ class device:
 class device_of(device):
     """Like ``device``, for the device of a tensor (no-op for CPU tensors)."""
 
-    def __init__(self, obj: torch.Tensor):
-        super().__init__(obj.get_device() if obj.device.type == BACKEND_NAME else -1)
+    def __init__(self, obj: _torch.Tensor):
+        super().__init__(obj.get_device() if obj.device.type == _BACKEND_NAME else -1)
 
 
 def get_amp_supported_dtype() -> list:
-    return [torch.float16, torch.bfloat16]
+    """The dtypes ``torch.autocast("phantom", dtype=...)`` accepts (torch's
+    autocast asks the device module): float16 and bfloat16."""
+    return [_torch.float16, _torch.bfloat16]
+
+
+_SYNC_DEBUG_MODES = {"default": 0, "warn": 1, "error": 2}
+
+
+def set_sync_debug_mode(debug_mode: _Union[int, str]) -> None:
+    """With ``"warn"`` (1) every operation that makes the host wait for the
+    device warns, naming the operation and why it waits; with ``"error"``
+    (2) it raises instead, before waiting; ``"default"`` (0) turns that off.
+    The waits: ``.item()`` and other reads of a value, copies to and from
+    pageable host memory (``.cpu()``, ``.tolist()``), blocking copies with
+    pinned memory, copies between devices, ops whose outputs depend on the
+    data (``nonzero``), and the ops phantom computes on the host and waits
+    for. Explicit ``synchronize()`` calls are not reported, as on CUDA.
+    For the whole process."""
+    _lazy_init()
+    if isinstance(debug_mode, str):
+        if debug_mode not in _SYNC_DEBUG_MODES:
+            raise RuntimeError(
+                "invalid value of debug_mode, expected one of `default`, "
+                f"`warn`, `error`, got {debug_mode!r}"
+            )
+        debug_mode = _SYNC_DEBUG_MODES[debug_mode]
+    if isinstance(debug_mode, bool) or not isinstance(debug_mode, int):
+        raise TypeError(
+            f"debug_mode must be a str or an int, got {type(debug_mode).__name__}"
+        )
+    _C._set_sync_debug_mode(debug_mode)
+
+
+def get_sync_debug_mode() -> int:
+    """The sync debug mode in force: 0 (default), 1 (warn) or 2 (error)."""
+    _lazy_init()
+    return _C._get_sync_debug_mode()
+
+
+def ipc_collect() -> None:
+    """Frees device memory this process sent to other processes that have
+    stopped using it (as ``torch.cuda.ipc_collect``; docs/multiprocessing.md).
+    The sender keeps a sent block alive until every receiver has released
+    it; the caching allocator also collects before it reports out of
+    memory."""
+    _lazy_init()
+    _C._ipc_collect()
 
 
 def __getattr__(name: str):
@@ -177,4 +318,4 @@ def __getattr__(name: str):
     # built on first use so that importing the module starts no driver.
     if name == "default_generators":
         return tuple(_C._default_generator(i) for i in range(_C._device_count()))
-    raise AttributeError(f"module 'torch.{BACKEND_NAME}' has no attribute '{name}'")
+    raise AttributeError(f"module 'torch.{_BACKEND_NAME}' has no attribute '{name}'")

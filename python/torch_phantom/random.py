@@ -8,6 +8,19 @@ import torch
 
 from . import _C
 
+__all__ = [
+    "default_generator",
+    "get_rng_state",
+    "get_rng_state_all",
+    "initial_seed",
+    "manual_seed",
+    "manual_seed_all",
+    "seed",
+    "seed_all",
+    "set_rng_state",
+    "set_rng_state_all",
+]
+
 _DeviceLike = Union[torch.device, str, int]
 
 
@@ -18,6 +31,8 @@ def _index(device: _DeviceLike) -> int:
 
 
 def default_generator(device: _DeviceLike = "phantom") -> torch.Generator:
+    """The default generator of ``device`` (the current device by default):
+    what random ops on it draw from unless given a generator."""
     return _C._default_generator(_index(device))
 
 
@@ -33,16 +48,19 @@ def manual_seed_all(seed: int) -> None:
 
 
 def seed() -> None:
+    """Seeds the current device's default generator with a random number."""
     default_generator().seed()
 
 
 def seed_all() -> None:
+    """Seeds every device's default generator with one random number."""
     random_seed = default_generator().seed()
     for index in range(_C._device_count()):
         _C._default_generator(index).manual_seed(random_seed)
 
 
 def initial_seed() -> int:
+    """The seed the current device's default generator started from."""
     return default_generator().initial_seed()
 
 
@@ -52,13 +70,18 @@ def get_rng_state(device: _DeviceLike = "phantom") -> torch.Tensor:
 
 
 def set_rng_state(new_state: torch.Tensor, device: _DeviceLike = "phantom") -> None:
+    """Restores the generator state of ``device`` from ``new_state`` (a
+    ByteTensor from :func:`get_rng_state`)."""
     default_generator(device).set_state(new_state.cpu())
 
 
 def get_rng_state_all() -> List[torch.Tensor]:
+    """The generator state of every device, in device order."""
     return [get_rng_state(index) for index in range(_C._device_count())]
 
 
 def set_rng_state_all(new_states: Iterable[torch.Tensor]) -> None:
+    """Restores every device's generator state from ``new_states`` (from
+    :func:`get_rng_state_all`)."""
     for index, state in enumerate(new_states):
         set_rng_state(state, index)

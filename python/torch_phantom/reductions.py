@@ -36,17 +36,8 @@ import torch.multiprocessing.reductions as _torch_reductions
 from . import _C
 from ._name import BACKEND_NAME
 
-__all__ = ["ipc_collect"]
-
 # torch's reducer, for every storage that is not phantom's.
 _torch_reduce_storage = _torch_reductions.reduce_storage
-
-
-def ipc_collect() -> bool:
-    """Frees the device memory this process sent to other processes and
-    kept alive for them, once they have all released it (as
-    ``torch.cuda.ipc_collect``). Returns True if any memory was freed."""
-    return _C._ipc_collect()
 
 
 def _in_queue_feeder() -> bool:

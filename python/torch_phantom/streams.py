@@ -13,6 +13,12 @@ reentrant ``with stream:`` and clear errors for what the device does not do.
 
 The current stream is per thread and per device; a thread that never set
 one sees each device's default stream.
+
+A driver stream created outside torch (a library calling the HAL's
+``ph_stream_create`` itself) becomes a torch stream with
+``ExternalStream(handle)`` or ``get_stream_from_external(handle)``: work
+queued on it from torch runs in its order. ``Stream.native_handle`` gives
+any phantom stream's driver handle.
 """
 
 import threading
@@ -25,10 +31,12 @@ from ._name import BACKEND_NAME
 
 __all__ = [
     "Event",
+    "ExternalStream",
     "Stream",
     "StreamContext",
     "current_stream",
     "default_stream",
+    "get_stream_from_external",
     "set_stream",
     "stream",
 ]
@@ -189,6 +197,56 @@ class Stream(torch.Stream):
             f"<torch.{BACKEND_NAME}.Stream device={self.device} "
             f"stream_id={self.stream_id} priority={self.priority}>"
         )
+
+
+def _external(stream_ptr: Any, device: _DeviceLike) -> Tuple[int, int]:
+    """(stream_id, device_index) of the driver stream ``stream_ptr``."""
+    if isinstance(stream_ptr, bool) or not isinstance(stream_ptr, int):
+        raise TypeError(
+            "expected the driver stream handle (ph_stream_t) as an int, got "
+            f"{type(stream_ptr).__name__}"
+        )
+    dm = _device_module()
+    dm._lazy_init()
+    index = dm._get_device_index(device, optional=True)
+    return tuple(_C._stream_from_handle(stream_ptr, index))
+
+
+class ExternalStream(Stream):
+    r"""A phantom stream over a driver stream created outside torch.
+
+    Args:
+        stream_ptr (int): the driver's stream handle (``ph_stream_t``) as an
+            int, e.g. from a library that called ``ph_stream_create``.
+        device (torch.device, str or int, optional): the device the stream
+            belongs to; the driver is asked, and a wrong device raises. None
+            takes the stream's own device.
+
+    Work torch queues on it runs in the stream's order with the owner's
+    work. Torch neither creates nor destroys it: keep it alive while torch
+    uses it. An error in its work is reported by every synchronization
+    until its owner replaces it (the runtime replaces only its own
+    streams). Wrapping a handle of one of torch's own streams gives that
+    stream.
+    """
+
+    def __new__(cls, stream_ptr: int, device: _DeviceLike = None, **kwargs):
+        if kwargs:
+            raise TypeError(f"unexpected arguments: {sorted(kwargs)}")
+        stream_id, device_index = _external(stream_ptr, device)
+        return super().__new__(
+            cls, stream_id=stream_id, device_index=device_index,
+            device_type=_DEVICE_TYPE,
+        )
+
+
+def get_stream_from_external(data_ptr: int, device: _DeviceLike = None) -> Stream:
+    """A :class:`Stream` over the driver stream ``data_ptr`` created outside
+    torch (see :class:`ExternalStream`). The owner keeps it alive while
+    torch uses it."""
+    stream_id, device_index = _external(data_ptr, device)
+    return Stream(stream_id=stream_id, device_index=device_index,
+                  device_type=_DEVICE_TYPE)
 
 
 class Event(torch.Event):

@@ -1,7 +1,7 @@
 // Tests of the fake driver's own machinery, below what hal.h promises:
 // environment parsing, the offset allocator, the two-mapping memory model,
 // the fault handler, page release, huge pages, the launch queue's overflow, the
-// copy channels and process exit with live streams.
+// copy channels, the activity meters and process exit with live streams.
 // Links the driver's objects directly, so private headers are fair game.
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "activity.h"
 #include "config.h"
 #include "copy_channels.h"
 #include "device_memory.h"
@@ -566,6 +567,59 @@ void ExitWithBusyStreams() {
   ph_stream_t idle = nullptr;
   ph_stream_create(1, 0, &idle);
   exit(0);
+}
+
+/* ---- Activity meters ---------------------------------------------------- */
+
+TEST(ActivityMeter, OverlappingWorkCountsOnce) {
+  ActivityMeter meter;
+  meter.Begin(1000);
+  meter.Begin(1010);  // a second stream starts while the first runs
+  meter.End(1020);
+  EXPECT_EQ(meter.BusyNs(1025), 25u) << "still busy: counted up to now";
+  meter.End(1030);
+  EXPECT_EQ(meter.BusyNs(2000), 30u) << "idle time is not busy";
+  meter.Begin(3000);
+  meter.End(3005);
+  EXPECT_EQ(meter.BusyNs(4000), 35u);
+}
+
+TEST(ActivityMeter, AClockReadingThatArrivesLateAddsNothing) {
+  ActivityMeter meter;
+  meter.Begin(1000);
+  meter.Begin(1100);
+  meter.End(1050);  // read the clock before the Begin at 1100 landed
+  meter.End(1200);
+  EXPECT_EQ(meter.BusyNs(1200), 200u);
+}
+
+TEST(ActivityMeter, SurvivesTheClockWrappingPast48Bits) {
+  ActivityMeter meter;
+  const uint64_t wrap = uint64_t{1} << 48;
+  meter.Begin(wrap - 10);
+  meter.End(wrap + 15);
+  EXPECT_EQ(meter.BusyNs(wrap + 100), 25u);
+}
+
+TEST(ActivitySample, CoversAtLeastAPeriodAndTwoQueriesAgree) {
+  // Device 1 is used by no other test here.
+  const ActivitySample first = SampleActivity(1);
+  EXPECT_EQ(first.period_ns, 0u) << "the first sample starts the meters";
+  {
+    const MeteredSpan busy(&ComputeMeter(1));
+    std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  }
+  const ActivitySample busy = SampleActivity(1);
+  const ActivitySample again = SampleActivity(1);
+  EXPECT_GE(busy.period_ns, uint64_t{150'000'000});
+  EXPECT_GE(busy.compute_percent, 60u);
+  EXPECT_EQ(busy.memory_percent, 0u);
+  EXPECT_NEAR(again.compute_percent, busy.compute_percent, 1)
+      << "a query right after another covers the same stretch";
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  const ActivitySample idle = SampleActivity(1);
+  EXPECT_GE(idle.period_ns, kMinSamplePeriodNs);
+  EXPECT_LE(idle.compute_percent, 40u);
 }
 
 TEST(ExitDeathTest, ExitWithLiveBusyStreamsDoesNotHang) {

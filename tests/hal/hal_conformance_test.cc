@@ -5,9 +5,9 @@
 //
 // Environment: main() asks for 2 devices of 64 MiB unless the environment
 // already says otherwise, so out-of-memory tests are quick. Tests that need
-// two devices skip (with the reason) when only one exists. The only
-// OPTIONAL entry point, ph_kernel_address, is skipped if a driver answers
-// PH_ERROR_UNIMPLEMENTED.
+// two devices skip (with the reason) when only one exists. The tests of
+// the OPTIONAL entry points (ph_kernel_address, ph_device_get_telemetry)
+// are skipped if a driver answers PH_ERROR_UNIMPLEMENTED.
 #include <gtest/gtest.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -15,6 +15,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstddef>
 #include <cstring>
 #include <functional>
 #include <mutex>
@@ -305,6 +306,124 @@ TEST(Device, SynchronizeReportsAStickyError) {
   EXPECT_EQ(ph_device_synchronize(0), PH_ERROR_DEVICE);
   EXPECT_NE(std::string(ph_last_error_message()).find("device_sync_failure"),
             std::string::npos);
+}
+
+/* ---- Device telemetry (OPTIONAL) --------------------------------------- */
+
+// Queries `device`'s telemetry with a full-size struct; skips the test if
+// the driver does not implement the OPTIONAL call.
+#define QUERY_TELEMETRY_OR_SKIP(device, out)                              \
+  (out).struct_size = sizeof(ph_device_telemetry_t);                      \
+  if (const ph_status_t telemetry_status_ =                               \
+          ph_device_get_telemetry((device), &(out));                      \
+      telemetry_status_ == PH_ERROR_UNIMPLEMENTED) {                      \
+    GTEST_SKIP() << "driver has no telemetry (OPTIONAL entry point)";     \
+  } else                                                                  \
+    ASSERT_EQ(telemetry_status_, PH_SUCCESS) << ph_last_error_message()
+
+TEST(Telemetry, ArgumentsAreCheckedAndOutputsCleared) {
+  ph_device_telemetry_t telemetry;
+  QUERY_TELEMETRY_OR_SKIP(0, telemetry);
+  EXPECT_EQ(telemetry.struct_size, sizeof telemetry) << "struct_size is input";
+  EXPECT_EQ(ph_device_get_telemetry(0, nullptr), PH_ERROR_INVALID_ARGUMENT);
+
+  std::memset(&telemetry, 0x5a, sizeof telemetry);
+  telemetry.struct_size = sizeof telemetry;
+  EXPECT_EQ(ph_device_get_telemetry(DeviceCount(), &telemetry),
+            PH_ERROR_INVALID_DEVICE);
+  EXPECT_EQ(telemetry.valid, 0u) << "out parameters are cleared";
+  EXPECT_EQ(telemetry.sample_period_us, 0u);
+
+  telemetry.struct_size = sizeof(size_t);  // not even room for `valid`
+  EXPECT_EQ(ph_device_get_telemetry(0, &telemetry), PH_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ph_last_error_message()).find("struct_size"),
+            std::string::npos)
+      << ph_last_error_message();
+}
+
+// A caller built against a shorter struct (an older header) gives its own
+// struct_size: the driver writes nothing past it and claims no field it
+// could not write.
+TEST(Telemetry, AShorterStructIsFilledOnlyUpToItsSize) {
+  ph_device_telemetry_t probe;
+  QUERY_TELEMETRY_OR_SKIP(0, probe);
+  const size_t short_size = offsetof(ph_device_telemetry_t, temperature_c);
+  ph_device_telemetry_t telemetry;
+  std::memset(&telemetry, 0x5a, sizeof telemetry);
+  telemetry.struct_size = short_size;
+  ASSERT_PH_OK(ph_device_get_telemetry(0, &telemetry));
+  const auto* bytes = reinterpret_cast<const unsigned char*>(&telemetry);
+  for (size_t i = short_size; i < sizeof telemetry; ++i) {
+    ASSERT_EQ(bytes[i], 0x5a) << "byte " << i << " lies past struct_size";
+  }
+  const uint32_t beyond = PH_TELEMETRY_TEMPERATURE | PH_TELEMETRY_POWER |
+                          PH_TELEMETRY_CLOCK;
+  EXPECT_EQ(telemetry.valid & beyond, 0u);
+  EXPECT_LE(telemetry.utilization_percent, 100u);
+}
+
+TEST(Telemetry, ValuesAreInRangeAndUnmeasuredFieldsAreZero) {
+  ph_device_telemetry_t telemetry;
+  QUERY_TELEMETRY_OR_SKIP(0, telemetry);
+  EXPECT_LE(telemetry.utilization_percent, 100u);
+  EXPECT_LE(telemetry.memory_busy_percent, 100u);
+  const std::pair<uint32_t, uint64_t> fields[] = {
+      {PH_TELEMETRY_UTILIZATION, telemetry.utilization_percent},
+      {PH_TELEMETRY_MEMORY_BUSY, telemetry.memory_busy_percent},
+      {PH_TELEMETRY_TEMPERATURE, static_cast<uint64_t>(telemetry.temperature_c)},
+      {PH_TELEMETRY_POWER, telemetry.power_draw_mw},
+      {PH_TELEMETRY_CLOCK, telemetry.clock_mhz}};
+  for (const auto& [bit, value] : fields) {
+    if ((telemetry.valid & bit) == 0) {
+      EXPECT_EQ(value, 0u) << "field of bit " << bit << " is not measured";
+    }
+  }
+}
+
+// Utilization follows the work: a stream kept busy over a whole sample
+// period reads high, an idle device low. The margins are wide: a period
+// is at least 100 ms on the fake, a real device's sample period may be
+// longer (but then it also covers the busy or the idle stretch).
+TEST(Telemetry, UtilizationFollowsWorkOnTheDevicesStreams) {
+  ph_device_telemetry_t telemetry;
+  QUERY_TELEMETRY_OR_SKIP(0, telemetry);  // starts a period
+  if ((telemetry.valid & PH_TELEMETRY_UTILIZATION) == 0) {
+    GTEST_SKIP() << "driver does not measure utilization";
+  }
+  ScopedStream stream(0);
+  ASSERT_PH_OK(Launch(stream, "busy", [](char*, size_t) {
+    std::this_thread::sleep_for(milliseconds(400));
+    return PH_SUCCESS;
+  }));
+  ASSERT_PH_OK(ph_stream_synchronize(stream));
+  QUERY_TELEMETRY_OR_SKIP(0, telemetry);
+  EXPECT_GE(telemetry.utilization_percent, 50u)
+      << "over " << telemetry.sample_period_us << " us";
+  EXPECT_GT(telemetry.sample_period_us, 0u);
+
+  std::this_thread::sleep_for(milliseconds(400));  // the device idles
+  QUERY_TELEMETRY_OR_SKIP(0, telemetry);
+  EXPECT_LE(telemetry.utilization_percent, 50u)
+      << "over " << telemetry.sample_period_us << " us";
+}
+
+TEST(Telemetry, MemoryBusyFollowsCopies) {
+  ph_device_telemetry_t telemetry;
+  QUERY_TELEMETRY_OR_SKIP(0, telemetry);
+  if ((telemetry.valid & PH_TELEMETRY_MEMORY_BUSY) == 0) {
+    GTEST_SKIP() << "driver does not measure memory activity";
+  }
+  // Copies back to back for 400 ms.
+  const size_t size = size_t{8} << 20;
+  DeviceBuffer a(0, size);
+  DeviceBuffer b(0, size);
+  const auto until = Clock::now() + milliseconds(400);
+  while (Clock::now() < until) {
+    ASSERT_PH_OK(ph_memcpy(b.get(), a.get(), size, PH_MEMCPY_DEVICE_TO_DEVICE));
+  }
+  QUERY_TELEMETRY_OR_SKIP(0, telemetry);
+  EXPECT_GE(telemetry.memory_busy_percent, 50u)
+      << "over " << telemetry.sample_period_us << " us";
 }
 
 /* ---- Device memory ----------------------------------------------------- */

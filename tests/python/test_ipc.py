@@ -35,8 +35,7 @@ def get(q):
     return q.get(timeout=WAIT)
 
 def ipc_collect():
-    # torch.phantom.ipc_collect once device_module has it; same function.
-    return getattr(torch.phantom, "ipc_collect", torch_phantom.reductions.ipc_collect)()
+    return torch.phantom.ipc_collect()
 """
 
 
@@ -82,7 +81,7 @@ def test_a_process_that_unpickles_its_own_message_gets_its_storage_back():
     assert back.storage_offset() == 2
     assert torch.equal(back.cpu(), view.cpu())
     del back, view, x
-    reductions.ipc_collect()
+    torch.phantom.ipc_collect()
 
 
 def test_an_empty_phantom_tensor_round_trips():

@@ -123,6 +123,58 @@ PH_API ph_status_t ph_device_get_properties(int device,
 PH_API ph_status_t ph_device_synchronize(int device);
 
 /* ------------------------------------------------------------------------ */
+/* Device telemetry (OPTIONAL)                                              */
+/* ------------------------------------------------------------------------ */
+
+/* Bits of ph_device_telemetry_t.valid: which measurements the driver
+ * filled in. A measurement the device cannot take (a sensor it does not
+ * have) keeps its bit clear and its field 0. */
+enum {
+  PH_TELEMETRY_UTILIZATION = 1u << 0, /* utilization_percent */
+  PH_TELEMETRY_MEMORY_BUSY = 1u << 1, /* memory_busy_percent */
+  PH_TELEMETRY_TEMPERATURE = 1u << 2, /* temperature_c */
+  PH_TELEMETRY_POWER = 1u << 3,       /* power_draw_mw */
+  PH_TELEMETRY_CLOCK = 1u << 4,       /* clock_mhz */
+};
+
+/* What the device reports about its own state (what a vendor's
+ * management tool shows). Versioned by size: the caller sets struct_size
+ * to sizeof(ph_device_telemetry_t) as its header declares it; the driver
+ * writes only the fields that lie wholly within struct_size, so a caller
+ * built against an older, shorter struct and a driver built against a
+ * newer one (or the reverse) still agree. Fields are only ever added at
+ * the end. */
+typedef struct ph_device_telemetry {
+  size_t struct_size;           /* in: sizeof the caller's struct */
+  uint32_t valid;               /* out: PH_TELEMETRY_* bits */
+  /* Percent (0..100) of the sample period during which work launched on
+   * at least one of the device's streams was running. */
+  uint32_t utilization_percent;
+  /* Percent (0..100) of the sample period during which device memory was
+   * being read or written by a copy or fill. */
+  uint32_t memory_busy_percent;
+  int32_t temperature_c;        /* degrees Celsius */
+  uint32_t power_draw_mw;       /* milliwatts, averaged over the period */
+  uint32_t clock_mhz;           /* compute clock, megahertz */
+  /* The period the two percentages cover, in microseconds, ending at
+   * the call. */
+  uint64_t sample_period_us;
+} ph_device_telemetry_t;
+
+/* OPTIONAL. Fills *out_telemetry for `device`. The caller sets
+ * out_telemetry->struct_size first; the driver clears the rest of the
+ * caller's struct (up to struct_size) on entry, as with every out
+ * parameter, then fills what it measures. PH_ERROR_INVALID_ARGUMENT if
+ * out_telemetry is NULL or struct_size is smaller than the struct up to
+ * and including `valid`; PH_ERROR_INVALID_DEVICE if out of range.
+ * A driver without telemetry returns PH_ERROR_UNIMPLEMENTED; the runtime
+ * then reports every measurement as unavailable (torch.phantom.utilization()
+ * and friends raise, saying so), and device_memory_used() still works from
+ * ph_mem_get_info. Since ABI 1002. */
+PH_API ph_status_t ph_device_get_telemetry(int device,
+                                           ph_device_telemetry_t* out_telemetry);
+
+/* ------------------------------------------------------------------------ */
 /* Memory                                                                   */
 /* ------------------------------------------------------------------------ */
 

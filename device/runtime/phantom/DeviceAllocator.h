@@ -30,6 +30,19 @@
 //    accounting: requested, the segment that found no room when it is
 //    bigger, capacity, allocated, reserved and free bytes, and the driver's
 //    own message.
+//  - A per-process memory fraction (set_per_process_memory_fraction, as on
+//    CUDA) caps what the allocator takes from the driver: a new segment
+//    that would bring the reserved bytes past fraction x capacity is
+//    refused as if the driver were full (cached segments go back and the
+//    request is tried once more), and the OutOfMemoryError then names the
+//    fraction and how to raise it.
+//  - The cache can be turned off (caching_allocator_enable(False)): each
+//    allocation then comes straight from the driver and goes back to it
+//    when freed, after the device's streams are waited for, as CUDA's
+//    uncached allocations do (not in the statistics; within the
+//    fraction). Freed cached memory stays cached until empty_cache().
+//  - rawAlloc/rawDelete hand out bare device pointers to other libraries
+//    (caching_allocator_alloc/delete), from the same cache.
 //
 // Settings: PHANTOM_ALLOC_CONF="max_split_size_mb:N,garbage_collection_threshold:F"
 // (see docs/allocator.md), parsed by the settings parser
@@ -46,6 +59,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace phantom {
@@ -74,6 +88,10 @@ class PhantomDeviceAllocator final : public c10::DeviceAllocator {
   ~PhantomDeviceAllocator() override;
 
   c10::DataPtr allocate(size_t nbytes) override;
+  // An allocation on `device` for work on `stream` (allocate() takes the
+  // current device and its current stream).
+  c10::DataPtr allocateOn(size_t nbytes, c10::DeviceIndex device,
+                          c10::StreamId stream);
   c10::DeleterFnPtr raw_deleter() const override;
   void copy_data(void* dest, const void* src, std::size_t count) const override;
 
@@ -94,14 +112,36 @@ class PhantomDeviceAllocator final : public c10::DeviceAllocator {
 
   // Frees the memory behind a DataPtr's context (its deleter). Any thread.
   void releaseContext(void* context) noexcept;
+  // Frees an allocation made with the cache off (its deleter).
+  void releaseUncached(c10::DeviceIndex device, void* ptr,
+                       size_t size) noexcept;
+
+  // torch.phantom.caching_allocator_enable: off, allocations bypass the
+  // cache (see the top of this file). Process-wide, as on CUDA.
+  void setCachingEnabled(bool enabled);
+  bool cachingEnabled() const;
+
+  // torch.phantom.set_per_process_memory_fraction; throws c10::ValueError
+  // unless 0 <= fraction <= 1.
+  void setMemoryFraction(double fraction, c10::DeviceIndex device);
+  double memoryFraction(c10::DeviceIndex device);
+
+  // torch.phantom.caching_allocator_alloc / _delete (RawAllocations.cpp):
+  // `nbytes` of device memory for work on `stream`, kept alive until
+  // rawDelete(ptr). rawDelete throws for a pointer rawAlloc did not give.
+  void* rawAlloc(size_t nbytes, c10::DeviceIndex device, c10::StreamId stream);
+  void rawDelete(void* ptr);
 
  private:
   DeviceCachingAllocator& forDevice(c10::DeviceIndex device);
 
   std::once_flag init_;
   std::atomic<bool> ready_{false};  // init_ has run
+  std::atomic<bool> caching_enabled_{true};
   AllocatorSettings settings_;
   std::vector<std::unique_ptr<DeviceCachingAllocator>> devices_;
+  std::mutex raw_mutex_;  // guards raw_allocations_
+  std::unordered_map<void*, c10::DataPtr> raw_allocations_;
 };
 
 PhantomDeviceAllocator& deviceAllocator();

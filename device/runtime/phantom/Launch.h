@@ -6,7 +6,9 @@
 // becomes the stream's sticky error (reported by the next sync, naming the
 // work). launchAndWait is for work whose result the host needs at once
 // (data-dependent output shapes): the exception is rethrown to the caller
-// as it was raised and the stream stays usable.
+// as it was raised and the stream stays usable. Its callers first report
+// the wait to torch.phantom.set_sync_debug_mode (phantom/SyncDebug.h,
+// noteHostWait), with the reason the host has to wait.
 #pragma once
 
 #include <phantom/Stream.h>

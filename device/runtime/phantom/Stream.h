@@ -7,6 +7,17 @@
 // copied around freely. Driver streams are created lazily, on the first use
 // of each id. The current stream is per thread and per device.
 //
+// External streams: a driver stream another library created
+// (ph_stream_create) can be used as a c10 stream too
+// (torch.phantom.get_stream_from_external, ExternalStream). Its id is its
+// handle, as a negative number (-1 - handle), so a launch on it needs no
+// table; the id is accepted once the handle has been registered (checked
+// with the driver), and each device keeps its registered handles so that
+// device synchronization and the allocator's waits include them. The
+// runtime never destroys or replaces an external stream: its owner keeps
+// it alive while torch uses it, and an error in its work is reported at
+// every sync until the owner replaces it.
+//
 // Errors: work that fails makes its driver stream sticky (hal.h). The
 // runtime reports that error once, from the query or synchronize that
 // finds it, naming the failed work, and then replaces the driver stream
@@ -38,6 +49,8 @@ class PhantomStream {
   c10::Device device() const { return stream_.device(); }
   c10::StreamId id() const { return stream_.id(); }
   int priority() const;
+  // A stream created outside the runtime (see the top of this file).
+  bool is_external() const { return stream_.id() < 0; }
 
   // The driver stream; created on first use.
   ph_stream_t handle() const;
@@ -84,6 +97,12 @@ c10::StreamId currentPhantomStreamId(c10::DeviceIndex device) noexcept;
 PhantomStream getStreamFromPool(bool high_priority = false,
                                 c10::DeviceIndex device = -1);
 PhantomStream getStreamFromPool(int priority, c10::DeviceIndex device);
+
+// The stream behind a driver handle: one of the runtime's own streams, or
+// the handle registered as an external stream. Checks with the driver that
+// the handle is a live stream, and that it belongs to `device` (-1: take
+// the stream's own device); throws saying what is wrong otherwise.
+PhantomStream streamFromHandle(ph_stream_t handle, c10::DeviceIndex device);
 // Makes `stream` current on its device for this thread.
 void setCurrentPhantomStream(PhantomStream stream);
 

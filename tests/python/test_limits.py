@@ -1,0 +1,61 @@
+"""What phantom does not do (README, "Limits"): each limit raises the error
+the README quotes, and the way around it the README gives works."""
+
+import numpy as np
+import pytest
+import torch
+
+
+def test_sparse_layouts_are_refused_and_dense_copies_work():
+    sparse = torch.eye(3).to_sparse()
+    with pytest.raises(NotImplementedError,
+                       match="'aten::_sparse_coo_tensor_with_dims_and_tensors' with "
+                             "arguments from the 'Sparsephantom' backend"):
+        sparse.to("phantom")
+    dense = torch.eye(3, device="phantom")
+    with pytest.raises(NotImplementedError,
+                       match="'aten::empty.memory_format' with arguments from the "
+                             "'Sparsephantom' backend"):
+        dense.to_sparse()
+    with pytest.raises(NotImplementedError, match="'SparseCsrphantom' backend"):
+        dense.to_sparse_csr()
+    assert torch.equal(sparse.to_dense().to("phantom").cpu(), torch.eye(3))
+
+
+def test_quantized_tensors_are_refused_and_dequantized_copies_work():
+    q = torch.quantize_per_tensor(torch.tensor([0.5, 1.0]), 0.1, 0, torch.quint8)
+    with pytest.raises(NotImplementedError,
+                       match="'aten::empty_quantized' with arguments from the "
+                             "'Quantizedphantom' backend"):
+        q.to("phantom")
+    with pytest.raises(NotImplementedError,
+                       match="'aten::empty_strided' with arguments from the "
+                             "'Quantizedphantom' backend"):
+        torch.quantize_per_tensor(torch.ones(2, device="phantom"), 0.1, 0, torch.quint8)
+    assert torch.equal(q.dequantize().to("phantom").cpu(), q.dequantize())
+
+
+def test_strided_nested_tensors_run_no_op_and_jagged_ones_do():
+    parts = [torch.arange(2.0), torch.arange(3.0)]
+    strided = torch.nested.nested_tensor(parts, device="phantom")
+    with pytest.raises(NotImplementedError,
+                       match="'aten::add.Tensor' with arguments from the "
+                             "'NestedTensorphantom' backend"):
+        strided + 1
+    with pytest.raises(NotImplementedError, match="'aten::_to_copy' .*'NestedTensorphantom'"):
+        strided.cpu()
+    jagged = torch.nested.nested_tensor(parts, layout=torch.jagged, device="phantom")
+    assert torch.equal((jagged + 1).values().cpu(), torch.tensor([1.0, 2.0, 1.0, 2.0, 3.0]))
+    padded = torch.nested.to_padded_tensor(torch.nested.nested_tensor(parts), 0.0)
+    assert torch.equal(padded.to("phantom").cpu(), padded)
+
+
+def test_dlpack_export_is_refused_and_a_cpu_copy_exports():
+    t = torch.arange(3.0, device="phantom")
+    with pytest.raises(ValueError, match="Unknown device type phantom for Dlpack"):
+        t.__dlpack_device__()
+    with pytest.raises(ValueError, match="Unknown device type phantom for Dlpack"):
+        torch.from_dlpack(t)
+    with pytest.raises(RuntimeError, match="Unsupported device in DLTensor"):
+        np.from_dlpack(t)
+    assert np.from_dlpack(t.cpu()).tolist() == [0.0, 1.0, 2.0]
