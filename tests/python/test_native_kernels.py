@@ -157,6 +157,20 @@ def test_dropout_backward_is_queued_and_matches_cpu():
     assert torch.equal(x.grad.cpu(), x_cpu.grad)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.complex64])
+def test_dropout_returns_the_cpus_boolean_mask(dtype):
+    # The CPU's native_dropout draws a bool mask (complex inputs included:
+    # bernoulli_ has no complex kernel, a bool mask does not need one).
+    x = _rand(4, 5).to(dtype)
+    torch.manual_seed(5)
+    out_cpu, mask_cpu = torch.native_dropout(x, 0.4, True)
+    torch.manual_seed(5)
+    out, mask = torch.native_dropout(x.to("phantom"), 0.4, True)
+    assert mask.dtype == mask_cpu.dtype == torch.bool
+    assert torch.equal(mask.cpu(), mask_cpu)
+    assert torch.equal(out.cpu(), out_cpu)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
 @pytest.mark.parametrize("affine", [True, False])
 def test_layer_norm_forward_and_backward_are_queued_and_match_cpu(dtype, affine):
