@@ -157,6 +157,21 @@ def test_dropout_backward_is_queued_and_matches_cpu():
     assert torch.equal(x.grad.cpu(), x_cpu.grad)
 
 
+def test_fused_rnn_cells_refuse_integer_gates_at_the_call():
+    # ATen sends LSTM/GRU cells on accelerators to the fused kernels, which
+    # take floating and complex gates (CUDA's: floating only); integer gates
+    # would give float results from formulas meant for floats.
+    gates = torch.ones(2, 16, dtype=torch.int64, device="phantom")
+    state = torch.ones(2, 4, dtype=torch.int64, device="phantom")
+    with pytest.raises(NotImplementedError,
+                       match="\"_thnn_fused_lstm_cell\" not implemented for 'Long'"):
+        torch.ops.aten._thnn_fused_lstm_cell(gates, gates, state)
+    with pytest.raises(NotImplementedError,
+                       match="\"_thnn_fused_gru_cell\" not implemented for 'Long'"):
+        torch.ops.aten._thnn_fused_gru_cell(gates[:, :12], gates[:, :12], state)
+    P.synchronize()
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.complex64])
 def test_dropout_returns_the_cpus_boolean_mask(dtype):
     # The CPU's native_dropout draws a bool mask (complex inputs included:
