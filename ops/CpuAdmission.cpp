@@ -49,12 +49,6 @@ bool fits(const at::Scalar& scalar, c10::ScalarType dtype) {
   }
 }
 
-// Quiet for probes (see runProbe).
-class DiscardingWarningHandler : public c10::WarningHandler {
- public:
-  void process(const c10::Warning&) override {}
-};
-
 }  // namespace
 
 CallSignature& CallSignature::tensor(const at::Tensor& t) {
@@ -202,11 +196,6 @@ std::optional<at::Tensor> probeTensor(const std::optional<at::Tensor>& like) {
     return std::nullopt;
   }
   return probeTensor(*like);
-}
-
-c10::WarningHandler* CpuAdmission::discardingWarnings() {
-  static DiscardingWarningHandler handler;
-  return &handler;
 }
 
 std::optional<bool> CpuAdmission::lookup(const std::string& key) {

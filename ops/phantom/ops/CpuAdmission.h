@@ -35,7 +35,6 @@
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Scalar.h>
-#include <c10/util/Exception.h>
 
 #include <cstdint>
 #include <initializer_list>
@@ -117,9 +116,6 @@ class CpuAdmission {
  private:
   template <typename Probe>
   static bool runProbe(Probe&& probe) {
-    // The probe's warnings are not the call's: the queued kernel runs the
-    // same code again, and warns then.
-    const c10::WarningUtils::WarningHandlerGuard quiet(discardingWarnings());
     try {
       probe();
       return true;
@@ -127,7 +123,6 @@ class CpuAdmission {
       return false;
     }
   }
-  static c10::WarningHandler* discardingWarnings();
 
   std::optional<bool> lookup(const std::string& key);
   void remember(const std::string& key, bool accepted);
