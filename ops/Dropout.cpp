@@ -32,9 +32,9 @@ std::tuple<at::Tensor, at::Tensor> nativeDropout(const at::Tensor& input,
   }
   const double keep = 1. - p;
   const double scale = keep == 0 ? 0. : 1. / keep;  // p == 1 drops everything
-  // Same layout as the input, as the CPU's dropout draws its noise: the
-  // mask of a non-contiguous input is filled in memory order.
-  at::Tensor mask = at::empty_like(input);
+  // A boolean mask with the input's layout, as the CPU's dropout draws its
+  // noise: the mask of a non-contiguous input is filled in memory order.
+  at::Tensor mask = at::empty_like(input, input.options().dtype(at::kBool));
   mask.bernoulli_(keep);
   at::Tensor output = input.mul(mask).mul_(scale);
   return std::make_tuple(output, mask);

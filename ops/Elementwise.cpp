@@ -19,12 +19,16 @@
 // fresh output the layout of strided inputs). Functional calls outside
 // these cases (integer results, strided inputs) take their output from
 // ATen's C++ meta function instead (at::meta::add, ...), which also makes
-// the CPU's argument checks at the call. A CPU scalar (a Python number,
+// the CPU's argument checks at the call. What the CPU kernels check beyond
+// that (the dtypes they are compiled for: no float8 add, no uint16 add; an
+// alpha that overflows the dtype) is asked of them once per call signature
+// (CpuAdmission.h); a call they refuse is declined. A CPU scalar (a Python number,
 // or a 0-dim CPU tensor) is read when the op is called, as CUDA passes it
 // by value to the kernel. Every other case goes to the generic path
 // (Fallback.cpp), which keeps the CPU's behaviour, errors included.
 #include <phantom/Launch.h>
 #include <phantom/Stream.h>
+#include <phantom/ops/CpuAdmission.h>
 #include <phantom/ops/GenericPath.h>
 #include <phantom/ops/KernelAliases.h>
 #include <phantom/ops/OpsReport.h>
@@ -40,6 +44,7 @@
 #include <ATen/ops/div_cpu_dispatch.h>
 #include <ATen/ops/div_meta_dispatch.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 #include <ATen/ops/empty_strided.h>
 #include <ATen/ops/mul_cpu_dispatch.h>
 #include <ATen/ops/mul_meta_dispatch.h>
@@ -101,10 +106,22 @@ class Input {
     if (device_) {
       return aliases.alias(*device_);
     }
+    return scalarTensor();
+  }
+
+  // The input as a probe of the CPU kernel receives it (CpuAdmission.h).
+  at::Tensor toProbe(const at::Tensor& given) const {
+    return device_ ? probeTensor(given) : scalarTensor();
+  }
+
+ private:
+  at::Tensor scalarTensor() const {
     at::Tensor t = at::scalar_tensor(value_, at::TensorOptions(dtype_));
     t.unsafeGetTensorImpl()->set_wrapped_number(wrapped_);
     return t;
   }
+
+ public:
 
  private:
   explicit Input(DeviceTensorRef ref) : device_(std::move(ref)) {}
@@ -158,21 +175,28 @@ struct ResultMeta {
   at::DimVector shape;
 };
 
+// Promotions ATen refuses (float8 with another type, uint16 with bool) and
+// shapes that do not broadcast are declined too: the CPU may check
+// something else first (sub of a bool), and the generic path raises
+// whichever error the CPU raises.
 std::optional<ResultMeta> resultOf(const at::Tensor& a, const at::Tensor* b) {
-  at::native::ResultTypeState state;
-  state = at::native::update_result_type_state(a, state);
-  if (b != nullptr) {
-    state = at::native::update_result_type_state(*b, state);
-  }
-  const c10::ScalarType dtype = at::native::result_type(state);
-  if (!c10::isFloatingType(dtype)) {
+  try {
+    at::native::ResultTypeState state;
+    state = at::native::update_result_type_state(a, state);
+    if (b != nullptr) {
+      state = at::native::update_result_type_state(*b, state);
+    }
+    const c10::ScalarType dtype = at::native::result_type(state);
+    if (!c10::isFloatingType(dtype)) {
+      return std::nullopt;
+    }
+    if (b == nullptr) {
+      return ResultMeta{dtype, at::DimVector(a.sizes())};
+    }
+    return ResultMeta{dtype, at::infer_size_dimvector(a.sizes(), b->sizes())};
+  } catch (const c10::Error&) {
     return std::nullopt;
   }
-  if (b == nullptr) {
-    return ResultMeta{dtype, at::DimVector(a.sizes())};
-  }
-  std::optional<at::DimVector> shape = at::infer_size_dimvector(a.sizes(), b->sizes());
-  return ResultMeta{dtype, *shape};
 }
 
 void runBinary(Binary op, at::Tensor& out, const at::Tensor& a,
@@ -198,6 +222,40 @@ void queueBinary(Binary op, const at::Tensor& out, Input a, Input b,
               });
 }
 
+// How a call gets its output; each form has its own CPU admission.
+enum class Form { kFresh, kByMeta, kInPlace, kOut };
+
+CpuAdmission& admissionFor(Binary op, Form form) {
+  static CpuAdmission admissions[4][4];
+  return admissions[static_cast<int>(op)][static_cast<int>(form)];
+}
+
+// The output a probe writes: `self`'s probe for an in-place call, `out`'s
+// for an out= call, else a fresh one computed by `fresh` from the inputs.
+template <typename Fresh>
+bool binaryAdmittedByCpu(Binary op, Form form, const at::Tensor& self,
+                         const at::Tensor& other, const at::Scalar& alpha,
+                         const at::Tensor& out, const Input& a,
+                         const Input& b, Fresh fresh) {
+  CallSignature signature;  // short enough to need no allocation
+  signature.tensor(self).tensor(other).scalarKind(alpha);
+  if (form == Form::kOut) {
+    signature.tensor(out);
+  }
+  if (!scalarsFit(alpha, {self.scalar_type(), other.scalar_type()}) ||
+      (out.defined() && !scalarsFit(alpha, {out.scalar_type()}))) {
+    return false;
+  }
+  return admissionFor(op, form).admits(signature, [&] {
+    const at::Tensor pa = a.toProbe(self);
+    const at::Tensor pb = b.toProbe(other);
+    at::Tensor result = form == Form::kInPlace ? pa
+                        : form == Form::kOut   ? probeTensor(out)
+                                               : fresh(pa, pb);
+    runBinary(op, result, pa, pb, alpha);
+  });
+}
+
 // Tries the native path for out = op(self, other, alpha); `out` undefined
 // means a fresh output. Returns the output, or undefined to decline.
 at::Tensor tryBinary(Binary op, const at::Tensor& self, const at::Tensor& other,
@@ -221,22 +279,35 @@ at::Tensor tryBinary(Binary op, const at::Tensor& self, const at::Tensor& other,
   if (alpha.isBoolean() || alpha.isComplex()) {
     return {};
   }
-  const c10::DeviceGuard guard(*device);
-  at::Tensor result;
   if (out.defined()) {
     if (!writable(out, *device, meta->dtype, meta->shape, {self, other})) {
       return {};
     }
-    result = out;
   } else {
     for (const at::Tensor* t : {&self, &other}) {
       if (t->dim() != 0 && !t->is_contiguous()) {
         return {};  // the CPU would give the output the inputs' layout
       }
     }
-    result = at::empty(meta->shape,
-                       at::TensorOptions(meta->dtype).device(*device));
   }
+  const Form form = in_place ? Form::kInPlace
+                    : out.defined() ? Form::kOut
+                                    : Form::kFresh;
+  const c10::ScalarType dtype = meta->dtype;
+  const bool admitted = binaryAdmittedByCpu(
+      op, form, self, other, alpha, out, *a, *b,
+      [dtype](const at::Tensor& pa, const at::Tensor& pb) {
+        return at::empty(at::infer_size_dimvector(pa.sizes(), pb.sizes()),
+                         at::TensorOptions(dtype));
+      });
+  if (!admitted) {
+    return {};
+  }
+  const c10::DeviceGuard guard(*device);
+  at::Tensor result =
+      out.defined() ? out
+                    : at::empty(meta->shape,
+                                at::TensorOptions(meta->dtype).device(*device));
   queueBinary(op, result, std::move(*a), std::move(*b), alpha, *device);
   return result;
 }
@@ -253,6 +324,11 @@ NativeOpCounter& counterFor(Binary op) {
 // accepts them next to tensors of any device).
 at::Tensor metaOf(const at::Tensor& t) {
   return isPhantom(t) ? metaLike(t) : t;
+}
+
+// The same for a probe's input: a host tensor, or a CPU scalar.
+at::Tensor metaOfProbe(const at::Tensor& t) {
+  return t.unsafeGetTensorImpl()->is_wrapped_number() ? t : metaLike(t);
 }
 
 at::Tensor metaResult(Binary op, const at::Tensor& a, const at::Tensor& b,
@@ -287,6 +363,17 @@ at::Tensor tryBinaryByMeta(Binary op, const at::Tensor& self,
     meta = metaResult(op, metaOf(self), metaOf(other), alpha);
   } catch (const c10::Error&) {
     return {};  // the generic path raises the CPU's own error
+  }
+  const bool admitted = binaryAdmittedByCpu(
+      op, Form::kByMeta, self, other, alpha, at::Tensor(), *a, *b,
+      [op, &alpha](const at::Tensor& pa, const at::Tensor& pb) {
+        const at::Tensor m =
+            metaResult(op, metaOfProbe(pa), metaOfProbe(pb), alpha);
+        return at::empty_strided(m.sizes(), m.strides(),
+                                 at::TensorOptions(m.scalar_type()));
+      });
+  if (!admitted) {
+    return {};
   }
   const c10::DeviceGuard guard(*device);
   at::Tensor result = at::empty_strided(
@@ -363,8 +450,19 @@ at::Tensor& outForm2(const at::Tensor& self, const at::Tensor& other,
 NativeOpCounter relu_counter("aten::relu");
 NativeOpCounter relu_inplace_counter("aten::relu_");
 
+CpuAdmission relu_admission;
+
 bool reluQueued(const at::Tensor& self, const at::Tensor& out) {
   if (!isPlainPhantom(self) || !c10::isFloatingType(self.scalar_type())) {
+    return false;
+  }
+  const bool admitted =
+      relu_admission.admits(CallSignature().tensor(self), [&] {
+        const at::Tensor probe = probeTensor(self);
+        at::Tensor result = at::empty_like(probe);
+        at::cpu::clamp_min_out(result, probe, 0);
+      });
+  if (!admitted) {
     return false;
   }
   const c10::DeviceGuard guard(self.device());

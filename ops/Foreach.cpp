@@ -20,12 +20,17 @@
 // (queueable below): plain phantom tensors on one device, lists of one
 // length, the tensors at one position of one floating dtype and sizes, the
 // written tensor dense and overlapping another only as the very same view,
-// and real, non-boolean scalars (one per tensor for a scalar list). Any
-// other call (a broadcast, a CPU tensor, integers, lists of different
-// lengths, a complex scalar) goes to ATen's loop, which gives the CPU's
-// behaviour and errors at the call.
+// and real, non-boolean scalars (one per tensor for a scalar list). What
+// the CPU's loop refuses beyond that (the dtypes its per-tensor kernels are
+// compiled for: no float8 add; a scalar that overflows the dtype) is asked
+// of it once per call signature, the lists' dtypes and the scalars' kinds
+// (CpuAdmission.h). Any other call (a broadcast, a CPU tensor, integers,
+// lists of different lengths, a complex scalar, dtypes the CPU refuses)
+// goes to ATen's loop, which gives the CPU's behaviour and errors at the
+// call.
 #include <phantom/Launch.h>
 #include <phantom/Stream.h>
+#include <phantom/ops/CpuAdmission.h>
 #include <phantom/ops/GenericPath.h>
 #include <phantom/ops/KernelAliases.h>
 #include <phantom/ops/OpsReport.h>
@@ -119,11 +124,37 @@ bool realScalars(at::ArrayRef<at::Scalar> scalars, size_t count) {
 using Lists = std::vector<std::vector<at::Tensor>>;
 
 // Queues kernel(lists) on the current stream of lists[0][0]'s device, where
-// `lists` are CPU aliases of `lists` as given (the written list first).
+// `lists` are CPU aliases of `lists` as given (the written list first),
+// if the CPU's kernel accepts the lists' dtypes and `scalars` (the probe
+// runs `kernel` over lists of probe tensors); returns false, queueing
+// nothing, if it does not.
 template <typename Kernel>
-void launchForeach(NativeOpCounter& counter,
-                   std::initializer_list<at::TensorList> lists,
-                   Kernel kernel) {
+bool queueForeach(NativeOpCounter& counter, CpuAdmission& admission,
+                  std::initializer_list<at::TensorList> lists,
+                  at::ArrayRef<at::Scalar> scalars, Kernel kernel) {
+  CallSignature signature;
+  for (const at::TensorList list : lists) {
+    signature.dtypesOf(list);
+    if (!scalarsFit(scalars, list)) {
+      return false;
+    }
+  }
+  for (const at::Scalar& scalar : scalars) {
+    signature.scalarKind(scalar);
+  }
+  const bool admitted = admission.admits(signature, [&] {
+    Lists host;
+    for (const at::TensorList list : lists) {
+      std::vector<at::Tensor>& probes = host.emplace_back();
+      for (const at::Tensor& t : list) {
+        probes.push_back(probeTensor(t));
+      }
+    }
+    kernel(host);
+  });
+  if (!admitted) {
+    return false;
+  }
   counter.count();
   const c10::Device device = lists.begin()->front().device();
   const c10::DeviceGuard guard(device);
@@ -148,6 +179,7 @@ void launchForeach(NativeOpCounter& counter,
                 }
                 kernel(cpu);
               });
+  return true;
 }
 
 NativeOpCounter foreach_add_counter("aten::_foreach_add_");
@@ -155,13 +187,25 @@ NativeOpCounter foreach_add_out_of_place_counter("aten::_foreach_add");
 
 void foreachAddList(at::TensorList self, at::TensorList other,
                     const at::Scalar& alpha) {
-  if (!realScalar(alpha) || !queueable(self, {other})) {
+  static CpuAdmission admission;
+  if (!realScalar(alpha) || !queueable(self, {other}) ||
+      !queueForeach(foreach_add_counter, admission, {self, other}, alpha,
+                    [alpha](Lists& t) {
+                      at::native::foreach_tensor_add_list_kernel_slow_(
+                          t[0], t[1], alpha);
+                    })) {
     at::native::foreach_tensor_add_list_kernel_slow_(self, other, alpha);
-    return;
   }
-  launchForeach(foreach_add_counter, {self, other}, [alpha](Lists& t) {
-    at::native::foreach_tensor_add_list_kernel_slow_(t[0], t[1], alpha);
-  });
+}
+
+// The results of an out-of-place op, allocated on the host like `self`.
+std::vector<at::Tensor> resultsLike(at::TensorList self) {
+  std::vector<at::Tensor> results;
+  results.reserve(self.size());
+  for (const at::Tensor& t : self) {
+    results.push_back(at::empty_like(t));
+  }
+  return results;
 }
 
 // Out of place (SGD's and Adam's weight decay: grads + wd * params): the
@@ -171,136 +215,141 @@ void foreachAddList(at::TensorList self, at::TensorList other,
 std::vector<at::Tensor> foreachAddListOutOfPlace(at::TensorList self,
                                                  at::TensorList other,
                                                  const at::Scalar& alpha) {
-  if (!realScalar(alpha) || !queueable(self, {other})) {
-    return at::native::foreach_tensor_add_list_kernel_slow(self, other, alpha);
+  static CpuAdmission admission;
+  if (realScalar(alpha) && queueable(self, {other})) {
+    std::vector<at::Tensor> results = resultsLike(self);
+    if (queueForeach(foreach_add_out_of_place_counter, admission,
+                     {results, self, other}, alpha, [alpha](Lists& t) {
+                       for (size_t i = 0; i < t[0].size(); ++i) {
+                         at::add_out(t[0][i], t[1][i], t[2][i], alpha);
+                       }
+                     })) {
+      return results;
+    }
   }
-  std::vector<at::Tensor> results;
-  results.reserve(self.size());
-  for (const at::Tensor& t : self) {
-    results.push_back(at::empty_like(t));
-  }
-  launchForeach(foreach_add_out_of_place_counter, {results, self, other},
-                [alpha](Lists& t) {
-                  for (size_t i = 0; i < t[0].size(); ++i) {
-                    at::add_out(t[0][i], t[1][i], t[2][i], alpha);
-                  }
-                });
-  return results;
+  return at::native::foreach_tensor_add_list_kernel_slow(self, other, alpha);
 }
 
 void foreachAddScalar(at::TensorList self, const at::Scalar& scalar) {
-  if (!realScalar(scalar) || !queueable(self, {})) {
+  static CpuAdmission admission;
+  if (!realScalar(scalar) || !queueable(self, {}) ||
+      !queueForeach(foreach_add_counter, admission, {self}, scalar,
+                    [scalar](Lists& t) {
+                      at::native::foreach_tensor_add_scalar_kernel_slow_(
+                          t[0], scalar);
+                    })) {
     at::native::foreach_tensor_add_scalar_kernel_slow_(self, scalar);
-    return;
   }
-  launchForeach(foreach_add_counter, {self}, [scalar](Lists& t) {
-    at::native::foreach_tensor_add_scalar_kernel_slow_(t[0], scalar);
-  });
 }
 
 NativeOpCounter foreach_mul_counter("aten::_foreach_mul_");
 
 void foreachMulScalar(at::TensorList self, const at::Scalar& scalar) {
-  if (!realScalar(scalar) || !queueable(self, {})) {
+  static CpuAdmission admission;
+  if (!realScalar(scalar) || !queueable(self, {}) ||
+      !queueForeach(foreach_mul_counter, admission, {self}, scalar,
+                    [scalar](Lists& t) {
+                      at::native::foreach_tensor_mul_scalar_kernel_slow_(
+                          t[0], scalar);
+                    })) {
     at::native::foreach_tensor_mul_scalar_kernel_slow_(self, scalar);
-    return;
   }
-  launchForeach(foreach_mul_counter, {self}, [scalar](Lists& t) {
-    at::native::foreach_tensor_mul_scalar_kernel_slow_(t[0], scalar);
-  });
 }
 
 // `other` is a 0-d tensor on the device (clip_grad_norm_'s coefficient).
 void foreachMulTensor(at::TensorList self, const at::Tensor& other) {
+  static CpuAdmission admission;
   const bool native_other =
       isPlainPhantom(other) && other.dim() == 0 && !self.empty() &&
       other.device() == self[0].device() &&
       c10::isFloatingType(other.scalar_type());
-  if (!native_other || !queueable(self, {})) {
+  if (!native_other || !queueable(self, {}) ||
+      !queueForeach(foreach_mul_counter, admission,
+                    {self, at::TensorList(other)}, {}, [](Lists& t) {
+                      at::native::foreach_tensor_mul_tensor_kernel_slow_(
+                          t[0], t[1][0]);
+                    })) {
     at::native::foreach_tensor_mul_tensor_kernel_slow_(self, other);
-    return;
   }
-  launchForeach(foreach_mul_counter, {self, at::TensorList(other)},
-                [](Lists& t) {
-                  at::native::foreach_tensor_mul_tensor_kernel_slow_(
-                      t[0], t[1][0]);
-                });
 }
 
 NativeOpCounter foreach_div_counter("aten::_foreach_div_");
 
 void foreachDivScalarList(at::TensorList self,
                           at::ArrayRef<at::Scalar> scalars) {
-  if (!realScalars(scalars, self.size()) || !queueable(self, {})) {
+  static CpuAdmission admission;
+  if (!realScalars(scalars, self.size()) || !queueable(self, {}) ||
+      !queueForeach(foreach_div_counter, admission, {self}, scalars,
+                    [scalars = scalars.vec()](Lists& t) {
+                      at::native::foreach_tensor_div_scalarlist_kernel_slow_(
+                          t[0], scalars);
+                    })) {
     at::native::foreach_tensor_div_scalarlist_kernel_slow_(self, scalars);
-    return;
   }
-  launchForeach(foreach_div_counter, {self},
-                [scalars = scalars.vec()](Lists& t) {
-                  at::native::foreach_tensor_div_scalarlist_kernel_slow_(
-                      t[0], scalars);
-                });
 }
 
 NativeOpCounter foreach_lerp_counter("aten::_foreach_lerp_");
 
 void foreachLerpScalar(at::TensorList self, at::TensorList end,
                        const at::Scalar& weight) {
-  if (!realScalar(weight) || !queueable(self, {end})) {
+  static CpuAdmission admission;
+  if (!realScalar(weight) || !queueable(self, {end}) ||
+      !queueForeach(foreach_lerp_counter, admission, {self, end}, weight,
+                    [weight](Lists& t) {
+                      at::native::foreach_tensor_lerp_list_kernel_slow_(
+                          t[0], t[1], weight);
+                    })) {
     at::native::foreach_tensor_lerp_list_kernel_slow_(self, end, weight);
-    return;
   }
-  launchForeach(foreach_lerp_counter, {self, end}, [weight](Lists& t) {
-    at::native::foreach_tensor_lerp_list_kernel_slow_(t[0], t[1], weight);
-  });
 }
 
 NativeOpCounter foreach_addcmul_counter("aten::_foreach_addcmul_");
 
 void foreachAddcmulScalar(at::TensorList self, at::TensorList tensor1,
                           at::TensorList tensor2, const at::Scalar& value) {
-  if (!realScalar(value) || !queueable(self, {tensor1, tensor2})) {
+  static CpuAdmission admission;
+  if (!realScalar(value) || !queueable(self, {tensor1, tensor2}) ||
+      !queueForeach(foreach_addcmul_counter, admission,
+                    {self, tensor1, tensor2}, value, [value](Lists& t) {
+                      at::native::foreach_tensor_addcmul_scalar_slow_(
+                          t[0], t[1], t[2], value);
+                    })) {
     at::native::foreach_tensor_addcmul_scalar_slow_(self, tensor1, tensor2,
                                                     value);
-    return;
   }
-  launchForeach(foreach_addcmul_counter, {self, tensor1, tensor2},
-                [value](Lists& t) {
-                  at::native::foreach_tensor_addcmul_scalar_slow_(
-                      t[0], t[1], t[2], value);
-                });
 }
 
 NativeOpCounter foreach_addcdiv_counter("aten::_foreach_addcdiv_");
 
 void foreachAddcdivScalar(at::TensorList self, at::TensorList tensor1,
                           at::TensorList tensor2, const at::Scalar& value) {
-  if (!realScalar(value) || !queueable(self, {tensor1, tensor2})) {
+  static CpuAdmission admission;
+  if (!realScalar(value) || !queueable(self, {tensor1, tensor2}) ||
+      !queueForeach(foreach_addcdiv_counter, admission,
+                    {self, tensor1, tensor2}, value, [value](Lists& t) {
+                      at::native::foreach_tensor_addcdiv_scalar_slow_(
+                          t[0], t[1], t[2], value);
+                    })) {
     at::native::foreach_tensor_addcdiv_scalar_slow_(self, tensor1, tensor2,
                                                     value);
-    return;
   }
-  launchForeach(foreach_addcdiv_counter, {self, tensor1, tensor2},
-                [value](Lists& t) {
-                  at::native::foreach_tensor_addcdiv_scalar_slow_(
-                      t[0], t[1], t[2], value);
-                });
 }
 
 void foreachAddcdivScalarList(at::TensorList self, at::TensorList tensor1,
                               at::TensorList tensor2,
                               at::ArrayRef<at::Scalar> scalars) {
+  static CpuAdmission admission;
   if (!realScalars(scalars, self.size()) ||
-      !queueable(self, {tensor1, tensor2})) {
+      !queueable(self, {tensor1, tensor2}) ||
+      !queueForeach(foreach_addcdiv_counter, admission,
+                    {self, tensor1, tensor2}, scalars,
+                    [scalars = scalars.vec()](Lists& t) {
+                      at::native::foreach_tensor_addcdiv_scalarlist_slow_(
+                          t[0], t[1], t[2], scalars);
+                    })) {
     at::native::foreach_tensor_addcdiv_scalarlist_slow_(self, tensor1,
                                                         tensor2, scalars);
-    return;
   }
-  launchForeach(foreach_addcdiv_counter, {self, tensor1, tensor2},
-                [scalars = scalars.vec()](Lists& t) {
-                  at::native::foreach_tensor_addcdiv_scalarlist_slow_(
-                      t[0], t[1], t[2], scalars);
-                });
 }
 
 NativeOpCounter foreach_sqrt_counter("aten::_foreach_sqrt");
@@ -309,20 +358,19 @@ NativeOpCounter foreach_sqrt_counter("aten::_foreach_sqrt");
 // worker writes each with the CPU's sqrt kernel (the CPU's foreach_sqrt
 // is t.sqrt() per tensor: the same kernel, into a tensor of its own).
 std::vector<at::Tensor> foreachSqrt(at::TensorList self) {
-  if (!queueable(self, {})) {
-    return at::native::foreach_tensor_sqrt_slow(self);
-  }
-  std::vector<at::Tensor> results;
-  results.reserve(self.size());
-  for (const at::Tensor& t : self) {
-    results.push_back(at::empty_like(t));
-  }
-  launchForeach(foreach_sqrt_counter, {results, self}, [](Lists& t) {
-    for (size_t i = 0; i < t[0].size(); ++i) {
-      at::sqrt_out(t[0][i], t[1][i]);
+  static CpuAdmission admission;
+  if (queueable(self, {})) {
+    std::vector<at::Tensor> results = resultsLike(self);
+    if (queueForeach(foreach_sqrt_counter, admission, {results, self}, {},
+                     [](Lists& t) {
+                       for (size_t i = 0; i < t[0].size(); ++i) {
+                         at::sqrt_out(t[0][i], t[1][i]);
+                       }
+                     })) {
+      return results;
     }
-  });
-  return results;
+  }
+  return at::native::foreach_tensor_sqrt_slow(self);
 }
 
 NativeOpCounter foreach_norm_counter("aten::_foreach_norm");
@@ -333,26 +381,30 @@ NativeOpCounter foreach_norm_counter("aten::_foreach_norm");
 // CPU refuses at the call).
 std::vector<at::Tensor> foreachNorm(at::TensorList self, const at::Scalar& ord,
                                     std::optional<at::ScalarType> dtype) {
+  static CpuAdmission admission;
   bool native = !dtype.has_value() && realScalar(ord) && queueable(self, {});
   for (size_t i = 0; native && i < self.size(); ++i) {
     native = self[i].numel() > 0;
   }
-  if (!native) {
-    return at::native::foreach_tensor_norm_slow(self, ord, dtype);
-  }
-  std::vector<at::Tensor> results;
-  results.reserve(self.size());
-  for (const at::Tensor& t : self) {
-    results.push_back(at::empty({}, t.options()));
-  }
-  launchForeach(foreach_norm_counter, {results, self}, [ord](Lists& t) {
-    const std::vector<at::Tensor> norms =
-        at::native::foreach_tensor_norm_slow(t[1], ord, std::nullopt);
-    for (size_t i = 0; i < norms.size(); ++i) {
-      t[0][i].copy_(norms[i]);
+  if (native) {
+    std::vector<at::Tensor> results;
+    results.reserve(self.size());
+    for (const at::Tensor& t : self) {
+      results.push_back(at::empty({}, t.options()));
     }
-  });
-  return results;
+    if (queueForeach(foreach_norm_counter, admission, {results, self}, ord,
+                     [ord](Lists& t) {
+                       const std::vector<at::Tensor> norms =
+                           at::native::foreach_tensor_norm_slow(t[1], ord,
+                                                                std::nullopt);
+                       for (size_t i = 0; i < norms.size(); ++i) {
+                         t[0][i].copy_(norms[i]);
+                       }
+                     })) {
+      return results;
+    }
+  }
+  return at::native::foreach_tensor_norm_slow(self, ord, dtype);
 }
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {

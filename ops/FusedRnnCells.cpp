@@ -9,6 +9,11 @@
 //   GRU:  [r, z, n, hx, hn] with hn the hidden part of the new-gate input,
 //         shape (batch, 5 * hidden)
 // The backward formulas are the derivatives of the forward below.
+//
+// They take the gates the CPU's cells compute with (float, double, half,
+// bfloat16, complex): integer gates are refused at the call with the
+// NotImplementedError of CUDA's kernels, where the formulas would compute
+// float results from them.
 #include <phantom/Launch.h>
 #include <phantom/Stream.h>
 #include <phantom/SyncDebug.h>
@@ -47,10 +52,20 @@ std::array<at::Tensor, N> runCell(const char* name, c10::Device device,
   return results;
 }
 
+void checkGatesDtype(const char* op, const at::Tensor& gates) {
+  const c10::ScalarType dtype = gates.scalar_type();
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      dtype == at::kFloat || dtype == at::kDouble || dtype == at::kHalf ||
+          dtype == at::kBFloat16 || dtype == at::kComplexFloat ||
+          dtype == at::kComplexDouble,
+      "\"", op, "\" not implemented for '", c10::toString(dtype), "'");
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> lstmCell(
     const at::Tensor& input_gates, const at::Tensor& hidden_gates,
     const at::Tensor& cx, const OptionalTensor& input_bias,
     const OptionalTensor& hidden_bias) {
+  checkGatesDtype("_thnn_fused_lstm_cell", input_gates);
   auto [hy, cy, workspace] = runCell<3>(
       "aten::_thnn_fused_lstm_cell", input_gates.device(),
       [&](KernelAliases& a) -> std::array<at::Tensor, 3> {
@@ -77,6 +92,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> lstmCellBackward(
     const OptionalTensor& grad_hy, const OptionalTensor& grad_cy,
     const at::Tensor& cx, const at::Tensor& cy, const at::Tensor& workspace,
     bool has_bias) {
+  checkGatesDtype("_thnn_fused_lstm_cell_backward_impl", workspace);
   auto [grad_gates, grad_cx, grad_bias] = runCell<3>(
       "aten::_thnn_fused_lstm_cell_backward_impl", cx.device(),
       [&](KernelAliases& a) -> std::array<at::Tensor, 3> {
@@ -107,6 +123,7 @@ std::tuple<at::Tensor, at::Tensor> gruCell(const at::Tensor& input_gates,
                                            const at::Tensor& hx,
                                            const OptionalTensor& input_bias,
                                            const OptionalTensor& hidden_bias) {
+  checkGatesDtype("_thnn_fused_gru_cell", input_gates);
   auto [hy, workspace] = runCell<2>(
       "aten::_thnn_fused_gru_cell", input_gates.device(),
       [&](KernelAliases& a) -> std::array<at::Tensor, 2> {
@@ -133,6 +150,7 @@ std::tuple<at::Tensor, at::Tensor> gruCell(const at::Tensor& input_gates,
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
 gruCellBackward(const at::Tensor& grad_hy, const at::Tensor& workspace,
                 bool has_bias) {
+  checkGatesDtype("_thnn_fused_gru_cell_backward", workspace);
   auto results = runCell<5>(
       "aten::_thnn_fused_gru_cell_backward", grad_hy.device(),
       [&](KernelAliases& a) -> std::array<at::Tensor, 5> {

@@ -16,11 +16,14 @@
 // each result on the device). Only the common case is taken:
 // contiguous phantom tensors of one floating dtype on one device (the
 // CPU's mixed-dtype variant keeps its statistics in float) and at least
-// one row and column. Anything else, and arguments the check refuses, go
-// to the generic path, which runs the CPU implementation itself and
-// raises its errors.
+// one row and column; and a dtype the CPU implementation is compiled for,
+// asked of it once per call signature over tiny host tensors
+// (CpuAdmission.h: float8 passes ATen's check but not the kernel).
+// Anything else, and arguments the check refuses, go to the generic path,
+// which runs the CPU implementation itself and raises its errors.
 #include <phantom/Launch.h>
 #include <phantom/Stream.h>
+#include <phantom/ops/CpuAdmission.h>
 #include <phantom/ops/GenericPath.h>
 #include <phantom/ops/KernelAliases.h>
 #include <phantom/ops/OpsReport.h>
@@ -36,6 +39,7 @@
 #include <array>
 #include <optional>
 #include <tuple>
+#include <vector>
 
 namespace phantom {
 namespace {
@@ -78,6 +82,48 @@ std::optional<at::Tensor> aliasOf(KernelAliases& aliases,
 
 NativeOpCounter forward_counter("aten::native_layer_norm");
 NativeOpCounter backward_counter("aten::native_layer_norm_backward");
+CpuAdmission forward_admission;
+CpuAdmission backward_admission;
+
+// The normalized shape of a probe: the last `n` sizes of its input.
+std::vector<int64_t> probeShape(const at::Tensor& probe_input, size_t n) {
+  const at::IntArrayRef sizes = probe_input.sizes();
+  return std::vector<int64_t>(sizes.end() - n, sizes.end());
+}
+
+bool forwardAdmittedByCpu(const at::Tensor& input, size_t normalized_dims,
+                          const at::Tensor& weight, const at::Tensor& bias) {
+  CallSignature signature;
+  signature.tensor(input).tensor(weight).tensor(bias).value(
+      static_cast<int64_t>(normalized_dims));
+  return forward_admission.admits(signature, [&] {
+    const at::Tensor x = probeTensor(input);
+    at::native::layer_norm_cpu(x, probeShape(x, normalized_dims),
+                               probeTensor(std::optional<at::Tensor>(weight)),
+                               probeTensor(std::optional<at::Tensor>(bias)),
+                               1e-5);
+  });
+}
+
+bool backwardAdmittedByCpu(const at::Tensor& grad_out, const at::Tensor& input,
+                           size_t normalized_dims, const at::Tensor& mean,
+                           const at::Tensor& rstd, const at::Tensor& weight,
+                           const at::Tensor& bias,
+                           std::array<bool, 3> output_mask) {
+  CallSignature signature;
+  signature.tensor(grad_out).tensor(input).tensor(mean).tensor(rstd)
+      .tensor(weight).tensor(bias)
+      .value(static_cast<int64_t>(normalized_dims))
+      .value(int64_t{output_mask[0] + 2 * output_mask[1] + 4 * output_mask[2]});
+  return backward_admission.admits(signature, [&] {
+    const at::Tensor x = probeTensor(input);
+    at::native::layer_norm_backward_cpu(
+        probeTensor(grad_out), x, probeShape(x, normalized_dims),
+        probeTensor(mean), probeTensor(rstd),
+        probeTensor(std::optional<at::Tensor>(weight)),
+        probeTensor(std::optional<at::Tensor>(bias)), output_mask);
+  });
+}
 
 Tensors3 layerNorm(const at::Tensor& input, c10::IntArrayRef normalized_shape,
                    const std::optional<at::Tensor>& weight_opt,
@@ -88,7 +134,8 @@ Tensors3 layerNorm(const at::Tensor& input, c10::IntArrayRef normalized_shape,
       acceptable(input, input.device(), input.scalar_type()) &&
       acceptable(weight, input.device(), input.scalar_type()) &&
       acceptable(bias, input.device(), input.scalar_type())) {
-    if (rowsAndColumns(input, normalized_shape, weight, bias)) {
+    if (rowsAndColumns(input, normalized_shape, weight, bias) &&
+        forwardAdmittedByCpu(input, normalized_shape.size(), weight, bias)) {
       const c10::DeviceGuard guard(input.device());
       at::DimVector stat_shape(input.sizes().begin(),
                                input.sizes().end() - normalized_shape.size());
@@ -145,7 +192,9 @@ Tensors3 layerNormBackward(const at::Tensor& grad_out, const at::Tensor& input,
     ok = ok && grad_out.defined() && grad_out.sizes() == input.sizes();
     const auto rows = ok ? rowsAndColumns(input, normalized_shape, weight, bias)
                          : std::nullopt;
-    if (rows && mean.numel() == rows->first && rstd.numel() == rows->first) {
+    if (rows && mean.numel() == rows->first && rstd.numel() == rows->first &&
+        backwardAdmittedByCpu(grad_out, input, normalized_shape.size(), mean,
+                              rstd, weight, bias, output_mask)) {
       const c10::DeviceGuard guard(device);
       at::Tensor dx, dgamma, dbeta;
       if (output_mask[0]) {

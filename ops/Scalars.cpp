@@ -1,11 +1,16 @@
 // Filling tensors and reading single values back: fill_, zero_ and
 // _local_scalar_dense (behind .item()). fill_ is queued on the current
 // stream and returns at once; reading a value is a sync point, as on any
-// accelerator.
+// accelerator. A fill the CPU refuses (a value that overflows the dtype:
+// 300 into uint8; a dtype its fill is not compiled for) is refused at the
+// call: such calls take the generic path, which raises the CPU's error
+// (CpuAdmission.h).
 #include <phantom/Exception.h>
 #include <phantom/Launch.h>
 #include <phantom/Stream.h>
 #include <phantom/SyncDebug.h>
+#include <phantom/ops/CpuAdmission.h>
+#include <phantom/ops/GenericPath.h>
 #include <phantom/ops/KernelAliases.h>
 
 #include <ATen/core/Tensor.h>
@@ -17,7 +22,18 @@
 namespace phantom {
 namespace {
 
+CpuAdmission fill_admission;
+
 at::Tensor& fillScalar(at::Tensor& self, const at::Scalar& value) {
+  const bool admitted =
+      scalarsFit(value, {self.scalar_type()}) &&
+      fill_admission.admits(CallSignature().tensor(self).scalarKind(value),
+                            [&] { probeTensor(self).fill_(value); });
+  if (!admitted) {
+    torch::jit::Stack stack = boxArguments(self, value);
+    runGenericBoxed("aten::fill_", "Scalar", &stack);
+    return self;
+  }
   const c10::DeviceGuard guard(self.device());
   launchAsync(getCurrentPhantomStream(self.device().index()), "aten::fill_",
               [target = DeviceTensorRef(self), value] {

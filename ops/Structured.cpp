@@ -13,12 +13,18 @@
 //      the output: the same checks as on the CPU, raised at the call;
 //   2. the output is allocated on the device with those strides;
 //   3. at::cpu::<op>_out is queued, writing straight into the output.
-// When an argument is not a phantom tensor on the op's device (another
-// device, a CPU tensor, conj/neg bits, a sparse layout) or the meta
-// function refuses the arguments, the op goes to the generic path, which
-// raises the CPU's error or runs the CPU kernel.
+// The meta functions do not check what the CPU implementations check for
+// themselves, dtypes above all (`mm` of float and int64, of bool; `sigmoid`
+// of float8): a CpuAdmission (phantom/ops/CpuAdmission.h) asks the CPU
+// implementation once per call signature, over tiny host tensors, and a
+// scalar that does not convert to the call's dtypes is not taken. When an
+// argument is not a phantom tensor on the op's device (another device, a
+// CPU tensor, conj/neg bits, a sparse layout), or the meta function or the
+// CPU implementation refuses the arguments, the op goes to the generic
+// path, which raises the CPU's error or runs the CPU kernel.
 #include <phantom/Launch.h>
 #include <phantom/Stream.h>
+#include <phantom/ops/CpuAdmission.h>
 #include <phantom/ops/GenericPath.h>
 #include <phantom/ops/KernelAliases.h>
 #include <phantom/ops/OpsReport.h>
@@ -126,13 +132,55 @@ at::Tensor queueKernel(const char* name, c10::Device device,
   return out;
 }
 
-// The native path for one op: meta first (declining if it refuses), then
-// the queued kernel. `fallback` builds the boxed arguments for the
-// generic path.
+// One native kernel's counter for the ops report and its CPU admission.
+struct NativeOp {
+  explicit NativeOp(const char* name) : counter(name) {}
+  NativeOpCounter counter;
+  CpuAdmission admission;
+};
+
+// Whether the CPU implementation accepts the call (see CpuAdmission): the
+// probe runs `meta` and `kernel` over probe tensors on the host.
+template <size_t N, typename Meta, typename Kernel>
+bool admittedByCpu(NativeOp& native, CallSignature& signature,
+                   const std::array<const at::Tensor*, N>& tensors,
+                   at::ArrayRef<at::Scalar> scalars, const Meta& meta,
+                   const Kernel& kernel) {
+  std::array<at::Tensor, N> given;
+  for (size_t i = 0; i < N; ++i) {
+    given[i] = *tensors[i];
+    signature.tensor(given[i]);
+  }
+  for (const at::Scalar& scalar : scalars) {
+    signature.scalarKind(scalar);
+  }
+  if (!scalarsFit(scalars, given)) {
+    return false;
+  }
+  return native.admission.admits(signature, [&] {
+    std::array<at::Tensor, N> host;
+    std::array<at::Tensor, N> metas;
+    for (size_t i = 0; i < N; ++i) {
+      host[i] = probeTensor(given[i]);
+      metas[i] = metaLike(host[i]);
+    }
+    const at::Tensor out_meta = meta(metas);
+    at::Tensor out = at::empty_strided(out_meta.sizes(), out_meta.strides(),
+                                       at::TensorOptions(out_meta.scalar_type()));
+    kernel(out, host);
+  });
+}
+
+// The native path for one op: meta first, then the CPU's admission
+// (declining if either refuses), then the queued kernel. `signature` holds
+// the op's arguments other than tensors and scalars; `box` builds the
+// boxed arguments for the generic path.
 template <size_t N, typename Meta, typename Kernel, typename Box>
-at::Tensor runStructured(NativeOpCounter& counter, const char* overload,
+at::Tensor runStructured(NativeOp& native, const char* overload,
                          const std::array<const at::Tensor*, N>& tensors,
-                         Meta meta, Kernel kernel, Box box) {
+                         CallSignature signature,
+                         at::ArrayRef<at::Scalar> scalars, Meta meta,
+                         Kernel kernel, Box box) {
   if (std::optional<Inputs<N>> inputs = Inputs<N>::of(tensors)) {
     std::optional<at::Tensor> meta_out;
     try {
@@ -140,14 +188,15 @@ at::Tensor runStructured(NativeOpCounter& counter, const char* overload,
     } catch (const c10::Error&) {
       // Refused: the generic path raises the CPU kernel's own error.
     }
-    if (meta_out) {
-      counter.count();
-      return queueKernel<N>(counter.op(), inputs->device, tensors, *meta_out,
-                            std::move(kernel));
+    if (meta_out &&
+        admittedByCpu(native, signature, tensors, scalars, meta, kernel)) {
+      native.counter.count();
+      return queueKernel<N>(native.counter.op(), inputs->device, tensors,
+                            *meta_out, std::move(kernel));
     }
   }
   torch::jit::Stack stack = box();
-  runGenericBoxed(counter.op(), overload, &stack);
+  runGenericBoxed(native.counter.op(), overload, &stack);
   return stack.back().toTensor();
 }
 
@@ -157,29 +206,32 @@ using Metas = std::array<at::Tensor, N>;
 
 // --- matrix products -----------------------------------------------------
 
-NativeOpCounter mm_counter("aten::mm");
+NativeOp mm_native("aten::mm");
 T mm(const T& self, const T& mat2) {
   return runStructured<2>(
-      mm_counter, "", {&self, &mat2},
+      mm_native, "", {&self, &mat2},
+      CallSignature(), {},
       [](const Metas<2>& m) { return at::meta::mm(m[0], m[1]); },
       [](T& out, const Metas<2>& in) { at::cpu::mm_out(out, in[0], in[1]); },
       [&] { return boxArguments(self, mat2); });
 }
 
-NativeOpCounter bmm_counter("aten::bmm");
+NativeOp bmm_native("aten::bmm");
 T bmm(const T& self, const T& mat2) {
   return runStructured<2>(
-      bmm_counter, "", {&self, &mat2},
+      bmm_native, "", {&self, &mat2},
+      CallSignature(), {},
       [](const Metas<2>& m) { return at::meta::bmm(m[0], m[1]); },
       [](T& out, const Metas<2>& in) { at::cpu::bmm_out(out, in[0], in[1]); },
       [&] { return boxArguments(self, mat2); });
 }
 
-NativeOpCounter addmm_counter("aten::addmm");
+NativeOp addmm_native("aten::addmm");
 T addmm(const T& self, const T& mat1, const T& mat2, const at::Scalar& beta,
         const at::Scalar& alpha) {
   return runStructured<3>(
-      addmm_counter, "", {&self, &mat1, &mat2},
+      addmm_native, "", {&self, &mat1, &mat2},
+      CallSignature(), {beta, alpha},
       [&](const Metas<3>& m) {
         return at::meta::addmm(m[0], m[1], m[2], beta, alpha);
       },
@@ -207,11 +259,12 @@ at::OptionalIntArrayRef viewDims(
   return at::IntArrayRef(*dims);
 }
 
-NativeOpCounter sum_counter("aten::sum");
+NativeOp sum_native("aten::sum");
 T sum(const T& self, at::OptionalIntArrayRef dim, bool keepdim,
       std::optional<at::ScalarType> dtype) {
   return runStructured<1>(
-      sum_counter, "dim_IntList", {&self},
+      sum_native, "dim_IntList", {&self},
+      CallSignature().value(dim).value(int64_t{keepdim}).value(dtype), {},
       [&](const Metas<1>& m) { return at::meta::sum(m[0], dim, keepdim, dtype); },
       [dims = ownDims(dim), keepdim, dtype](T& out, const Metas<1>& in) {
         at::cpu::sum_out(out, in[0], viewDims(dims), keepdim, dtype);
@@ -219,11 +272,12 @@ T sum(const T& self, at::OptionalIntArrayRef dim, bool keepdim,
       [&] { return boxArguments(self, dim, keepdim, dtype); });
 }
 
-NativeOpCounter mean_counter("aten::mean");
+NativeOp mean_native("aten::mean");
 T mean(const T& self, at::OptionalIntArrayRef dim, bool keepdim,
        std::optional<at::ScalarType> dtype) {
   return runStructured<1>(
-      mean_counter, "dim", {&self},
+      mean_native, "dim", {&self},
+      CallSignature().value(dim).value(int64_t{keepdim}).value(dtype), {},
       [&](const Metas<1>& m) { return at::meta::mean(m[0], dim, keepdim, dtype); },
       [dims = ownDims(dim), keepdim, dtype](T& out, const Metas<1>& in) {
         at::cpu::mean_out(out, in[0], viewDims(dims), keepdim, dtype);
@@ -233,10 +287,11 @@ T mean(const T& self, at::OptionalIntArrayRef dim, bool keepdim,
 
 // --- softmax -------------------------------------------------------------
 
-NativeOpCounter softmax_counter("aten::_softmax");
+NativeOp softmax_native("aten::_softmax");
 T softmax(const T& self, int64_t dim, bool half_to_float) {
   return runStructured<1>(
-      softmax_counter, "", {&self},
+      softmax_native, "", {&self},
+      CallSignature().value(dim).value(int64_t{half_to_float}), {},
       [&](const Metas<1>& m) { return at::meta::_softmax(m[0], dim, half_to_float); },
       [dim, half_to_float](T& out, const Metas<1>& in) {
         at::cpu::_softmax_out(out, in[0], dim, half_to_float);
@@ -244,10 +299,11 @@ T softmax(const T& self, int64_t dim, bool half_to_float) {
       [&] { return boxArguments(self, dim, half_to_float); });
 }
 
-NativeOpCounter log_softmax_counter("aten::_log_softmax");
+NativeOp log_softmax_native("aten::_log_softmax");
 T logSoftmax(const T& self, int64_t dim, bool half_to_float) {
   return runStructured<1>(
-      log_softmax_counter, "", {&self},
+      log_softmax_native, "", {&self},
+      CallSignature().value(dim).value(int64_t{half_to_float}), {},
       [&](const Metas<1>& m) {
         return at::meta::_log_softmax(m[0], dim, half_to_float);
       },
@@ -257,11 +313,12 @@ T logSoftmax(const T& self, int64_t dim, bool half_to_float) {
       [&] { return boxArguments(self, dim, half_to_float); });
 }
 
-NativeOpCounter softmax_backward_counter("aten::_softmax_backward_data");
+NativeOp softmax_backward_native("aten::_softmax_backward_data");
 T softmaxBackward(const T& grad_output, const T& output, int64_t dim,
                   at::ScalarType input_dtype) {
   return runStructured<2>(
-      softmax_backward_counter, "", {&grad_output, &output},
+      softmax_backward_native, "", {&grad_output, &output},
+      CallSignature().value(dim).value(std::optional<at::ScalarType>(input_dtype)), {},
       [&](const Metas<2>& m) {
         return at::meta::_softmax_backward_data(m[0], m[1], dim, input_dtype);
       },
@@ -271,11 +328,12 @@ T softmaxBackward(const T& grad_output, const T& output, int64_t dim,
       [&] { return boxArguments(grad_output, output, dim, input_dtype); });
 }
 
-NativeOpCounter log_softmax_backward_counter("aten::_log_softmax_backward_data");
+NativeOp log_softmax_backward_native("aten::_log_softmax_backward_data");
 T logSoftmaxBackward(const T& grad_output, const T& output, int64_t dim,
                      at::ScalarType input_dtype) {
   return runStructured<2>(
-      log_softmax_backward_counter, "", {&grad_output, &output},
+      log_softmax_backward_native, "", {&grad_output, &output},
+      CallSignature().value(dim).value(std::optional<at::ScalarType>(input_dtype)), {},
       [&](const Metas<2>& m) {
         return at::meta::_log_softmax_backward_data(m[0], m[1], dim, input_dtype);
       },
@@ -288,28 +346,31 @@ T logSoftmaxBackward(const T& grad_output, const T& output, int64_t dim,
 
 // --- activations and their backwards ------------------------------------
 
-NativeOpCounter sigmoid_counter("aten::sigmoid");
+NativeOp sigmoid_native("aten::sigmoid");
 T sigmoid(const T& self) {
   return runStructured<1>(
-      sigmoid_counter, "", {&self},
+      sigmoid_native, "", {&self},
+      CallSignature(), {},
       [](const Metas<1>& m) { return at::meta::sigmoid(m[0]); },
       [](T& out, const Metas<1>& in) { at::cpu::sigmoid_out(out, in[0]); },
       [&] { return boxArguments(self); });
 }
 
-NativeOpCounter tanh_counter("aten::tanh");
+NativeOp tanh_native("aten::tanh");
 T tanh(const T& self) {
   return runStructured<1>(
-      tanh_counter, "", {&self},
+      tanh_native, "", {&self},
+      CallSignature(), {},
       [](const Metas<1>& m) { return at::meta::tanh(m[0]); },
       [](T& out, const Metas<1>& in) { at::cpu::tanh_out(out, in[0]); },
       [&] { return boxArguments(self); });
 }
 
-NativeOpCounter gelu_counter("aten::gelu");
+NativeOp gelu_native("aten::gelu");
 T gelu(const T& self, c10::string_view approximate) {
   return runStructured<1>(
-      gelu_counter, "", {&self},
+      gelu_native, "", {&self},
+      CallSignature().value(approximate), {},
       [&](const Metas<1>& m) {
         // The meta function leaves `approximate` to the kernel: check it
         // here, so that a bad one is refused at the call.
@@ -322,11 +383,12 @@ T gelu(const T& self, c10::string_view approximate) {
       [&] { return boxArguments(self, approximate); });
 }
 
-NativeOpCounter threshold_backward_counter("aten::threshold_backward");
+NativeOp threshold_backward_native("aten::threshold_backward");
 T thresholdBackward(const T& grad_output, const T& self,
                     const at::Scalar& threshold) {
   return runStructured<2>(
-      threshold_backward_counter, "", {&grad_output, &self},
+      threshold_backward_native, "", {&grad_output, &self},
+      CallSignature(), {threshold},
       [&](const Metas<2>& m) {
         return at::meta::threshold_backward(m[0], m[1], threshold);
       },
@@ -336,10 +398,11 @@ T thresholdBackward(const T& grad_output, const T& self,
       [&] { return boxArguments(grad_output, self, threshold); });
 }
 
-NativeOpCounter sigmoid_backward_counter("aten::sigmoid_backward");
+NativeOp sigmoid_backward_native("aten::sigmoid_backward");
 T sigmoidBackward(const T& grad_output, const T& output) {
   return runStructured<2>(
-      sigmoid_backward_counter, "", {&grad_output, &output},
+      sigmoid_backward_native, "", {&grad_output, &output},
+      CallSignature(), {},
       [](const Metas<2>& m) { return at::meta::sigmoid_backward(m[0], m[1]); },
       [](T& out, const Metas<2>& in) {
         at::cpu::sigmoid_backward_out(out, in[0], in[1]);
@@ -347,10 +410,11 @@ T sigmoidBackward(const T& grad_output, const T& output) {
       [&] { return boxArguments(grad_output, output); });
 }
 
-NativeOpCounter tanh_backward_counter("aten::tanh_backward");
+NativeOp tanh_backward_native("aten::tanh_backward");
 T tanhBackward(const T& grad_output, const T& output) {
   return runStructured<2>(
-      tanh_backward_counter, "", {&grad_output, &output},
+      tanh_backward_native, "", {&grad_output, &output},
+      CallSignature(), {},
       [](const Metas<2>& m) { return at::meta::tanh_backward(m[0], m[1]); },
       [](T& out, const Metas<2>& in) {
         at::cpu::tanh_backward_out(out, in[0], in[1]);
@@ -358,10 +422,11 @@ T tanhBackward(const T& grad_output, const T& output) {
       [&] { return boxArguments(grad_output, output); });
 }
 
-NativeOpCounter gelu_backward_counter("aten::gelu_backward");
+NativeOp gelu_backward_native("aten::gelu_backward");
 T geluBackward(const T& grad_output, const T& self, c10::string_view approximate) {
   return runStructured<2>(
-      gelu_backward_counter, "", {&grad_output, &self},
+      gelu_backward_native, "", {&grad_output, &self},
+      CallSignature().value(approximate), {},
       [&](const Metas<2>& m) {
         at::native::get_gelutype_enum(approximate);  // as in gelu above
         return at::meta::gelu_backward(m[0], m[1], approximate);
@@ -374,7 +439,29 @@ T geluBackward(const T& grad_output, const T& self, c10::string_view approximate
 
 // --- concatenation (a list of inputs) -------------------------------------
 
-NativeOpCounter cat_counter("aten::cat");
+NativeOp cat_native("aten::cat");
+
+// Whether the CPU's cat accepts inputs of these dtypes and dimensions.
+bool catAdmittedByCpu(const std::vector<at::Tensor>& inputs, int64_t dim) {
+  CallSignature signature;
+  for (const at::Tensor& t : inputs) {
+    signature.tensor(t);
+  }
+  signature.value(dim);
+  return cat_native.admission.admits(signature, [&] {
+    std::vector<at::Tensor> host;
+    std::vector<at::Tensor> metas;
+    for (const at::Tensor& t : inputs) {
+      host.push_back(probeTensor(t));
+      metas.push_back(metaLike(host.back()));
+    }
+    const at::Tensor out_meta = at::meta::cat(metas, dim);
+    at::Tensor out = at::empty_strided(out_meta.sizes(), out_meta.strides(),
+                                       at::TensorOptions(out_meta.scalar_type()));
+    at::cpu::cat_out(out, host, dim);
+  });
+}
+
 T cat(const at::ITensorListRef& tensors, int64_t dim) {
   std::vector<at::Tensor> inputs;
   std::vector<at::Tensor> metas;
@@ -397,12 +484,15 @@ T cat(const at::ITensorListRef& tensors, int64_t dim) {
       // Refused: the generic path raises the CPU kernel's own error.
     }
   }
+  if (meta_out && !catAdmittedByCpu(inputs, dim)) {
+    meta_out.reset();
+  }
   if (!meta_out) {
     torch::jit::Stack stack = boxArguments(c10::List<at::Tensor>(inputs), dim);
     runGenericBoxed("aten::cat", "", &stack);
     return stack.back().toTensor();
   }
-  cat_counter.count();
+  cat_native.counter.count();
   const c10::DeviceGuard guard(*device);
   at::Tensor out = at::empty_strided(
       meta_out->sizes(), meta_out->strides(),
@@ -412,7 +502,7 @@ T cat(const at::ITensorListRef& tensors, int64_t dim) {
   for (const at::Tensor& t : inputs) {
     refs.emplace_back(t);
   }
-  launchAsync(getCurrentPhantomStream(device->index()), cat_counter.op(),
+  launchAsync(getCurrentPhantomStream(device->index()), cat_native.counter.op(),
               [out_ref = DeviceTensorRef(out), refs = std::move(refs), dim] {
                 KernelAliases aliases;
                 std::vector<at::Tensor> in;

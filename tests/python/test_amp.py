@@ -92,9 +92,50 @@ def test_numerically_sensitive_ops_run_in_float32(dtype, generator):
         # Exactly what the same op computes on phantom from float32 inputs...
         explicit = op(*_on_phantom(*upcast)).cpu()
         torch.testing.assert_close(actual.cpu(), explicit, rtol=0, atol=0, msg=name)
-        # ...and what the CPU computes (layer_norm and group_norm are not
-        # bit-identical yet: phantom runs ATen's decomposition of them).
-        torch.testing.assert_close(actual.cpu(), op(*upcast), msg=name)
+        # ...and what the CPU computes.
+        torch.testing.assert_close(actual.cpu(), op(*upcast), rtol=0, atol=0, msg=name)
+
+
+# One op from each of the lists CUDA registers (AT_FORALL_* in
+# ATen/autocast_mode.h), the inputs it gets, and the dtype CUDA's policy
+# gives its result: "low" is the autocast dtype, "float" float32.
+POLICY_CASES = {
+    "lower_precision_fp/mv": (torch.mv, ("float", "float"), "low"),
+    "fp32/acos": (torch.acos, ("low",), "float"),
+    "fp32_set_opt_dtype/prod": (torch.prod, ("low",), "float"),
+    # torch.norm() is Python that calls linalg_vector_norm; norm.Scalar is
+    # what TorchScript and C++ callers reach.
+    "fp32_append_dtype/norm": (lambda x: torch.ops.aten.norm.Scalar(x, 2), ("low",), "float"),
+    "promote/dot-mixed": (torch.dot, ("low", "float"), "float"),
+    "promote/dot-same": (torch.dot, ("low", "low"), "low"),
+}
+_POLICY_SHAPES = {torch.mv: [(3, 4), (4,)]}
+
+
+@pytest.mark.parametrize("case", sorted(POLICY_CASES))
+@pytest.mark.parametrize("dtype", LOW_DTYPES)
+def test_each_of_cudas_policy_lists_gives_cudas_dtype(case, dtype, generator):
+    op, kinds, result_kind = POLICY_CASES[case]
+    kind_dtype = {"low": dtype, "float": torch.float32}
+    shapes = _POLICY_SHAPES.get(op, [(4,)] * len(kinds))
+    inputs = [
+        (torch.rand(shape, generator=generator) - 0.5).to(kind_dtype[kind])
+        for shape, kind in zip(shapes, kinds)
+    ]
+    with torch.autocast("phantom", dtype=dtype):
+        actual = op(*_on_phantom(*inputs))
+    expected_dtype = kind_dtype[result_kind]
+    assert actual.dtype == expected_dtype
+    # The value is the op computed on the CPU from inputs cast the same way.
+    expected = op(*[t.to(expected_dtype) for t in inputs])
+    torch.testing.assert_close(actual.cpu(), expected, rtol=0, atol=0)
+
+
+def test_promote_refuses_to_mix_the_two_low_precision_types_as_cuda_does():
+    half = torch.randn(4, dtype=torch.float16, device="phantom")
+    with torch.autocast("phantom", dtype=torch.float16):
+        with pytest.raises(RuntimeError, match="Unexpected floating ScalarType"):
+            torch.dot(half, half.bfloat16())
 
 
 @pytest.mark.parametrize("dtype", LOW_DTYPES)

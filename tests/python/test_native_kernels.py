@@ -157,6 +157,35 @@ def test_dropout_backward_is_queued_and_matches_cpu():
     assert torch.equal(x.grad.cpu(), x_cpu.grad)
 
 
+def test_fused_rnn_cells_refuse_integer_gates_at_the_call():
+    # ATen sends LSTM/GRU cells on accelerators to the fused kernels, which
+    # take floating and complex gates (CUDA's: floating only); integer gates
+    # would give float results from formulas meant for floats.
+    gates = torch.ones(2, 16, dtype=torch.int64, device="phantom")
+    state = torch.ones(2, 4, dtype=torch.int64, device="phantom")
+    with pytest.raises(NotImplementedError,
+                       match="\"_thnn_fused_lstm_cell\" not implemented for 'Long'"):
+        torch.ops.aten._thnn_fused_lstm_cell(gates, gates, state)
+    with pytest.raises(NotImplementedError,
+                       match="\"_thnn_fused_gru_cell\" not implemented for 'Long'"):
+        torch.ops.aten._thnn_fused_gru_cell(gates[:, :12], gates[:, :12], state)
+    P.synchronize()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.complex64])
+def test_dropout_returns_the_cpus_boolean_mask(dtype):
+    # The CPU's native_dropout draws a bool mask (complex inputs included:
+    # bernoulli_ has no complex kernel, a bool mask does not need one).
+    x = _rand(4, 5).to(dtype)
+    torch.manual_seed(5)
+    out_cpu, mask_cpu = torch.native_dropout(x, 0.4, True)
+    torch.manual_seed(5)
+    out, mask = torch.native_dropout(x.to("phantom"), 0.4, True)
+    assert mask.dtype == mask_cpu.dtype == torch.bool
+    assert torch.equal(mask.cpu(), mask_cpu)
+    assert torch.equal(out.cpu(), out_cpu)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
 @pytest.mark.parametrize("affine", [True, False])
 def test_layer_norm_forward_and_backward_are_queued_and_match_cpu(dtype, affine):
