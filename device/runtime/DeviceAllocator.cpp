@@ -195,7 +195,7 @@ class DeviceCachingAllocator {
       status = mallocWithinFraction(size, &ptr);
     }
     if (status == PH_ERROR_OUT_OF_MEMORY) {
-      throwOutOfMemory(requested, lock, exceedsFraction(size));
+      throwOutOfMemory(requested, size, lock, exceedsFraction(size));
     }
     PHANTOM_CHECK(status);
     uncached_bytes_ += size;
