@@ -19,6 +19,7 @@ docs/reliability.md lists what the corpus covers; add a row here for every
 new misuse a user reports.
 """
 
+import gc
 import io
 import json
 import os
@@ -396,6 +397,10 @@ def test_the_corpus_is_large_enough():
 def test_misuse(case):
     if P.device_count() < case.devices:
         pytest.skip(f"needs PHANTOM_DEVICE_COUNT >= {case.devices}")
+    # Garbage an earlier test left in reference cycles would otherwise be
+    # freed whenever the collector next runs, perhaps inside this case,
+    # and read as the case giving memory back it never took.
+    gc.collect()
     sync_all()
     allocated = [P.memory_allocated(i) for i in range(P.device_count())]
     raised, message = _outcome(case.misuse)
