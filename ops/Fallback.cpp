@@ -53,6 +53,47 @@ bool acceptsHostIndices(const c10::OperatorName& name) {
          name.name == "aten::_index_put_impl_" || name.name == "aten::index_put";
 }
 
+// TorchScript's interpreter passes a `Tensor?[]` argument (the indices of
+// `x[mask] = v`) as a list whose element type is its own `Tensor?` type
+// object, which IValue::isOptionalTensorList() does not recognise: it
+// compares the type object with c10's own. Every step of the generic path
+// (device check, aliases, Meta mirrors, trial runs, signatures) then took
+// the list for a plain value and handed phantom tensors to the CPU kernel,
+// which ran `nonzero` on phantom from inside device work. The arguments
+// are rebuilt as the lists eager mode passes, once, on entry.
+void normalizeTensorLists(const c10::FunctionSchema& schema,
+                          torch::jit::Stack* stack) {
+  const size_t num_args = schema.arguments().size();
+  const size_t first = stack->size() - num_args;
+  for (size_t i = 0; i < num_args; ++i) {
+    c10::IValue& arg = (*stack)[first + i];
+    if (!arg.isList() || arg.isTensorList() || arg.isOptionalTensorList()) {
+      continue;
+    }
+    const auto list_type = schema.arguments()[i].type()->cast<c10::ListType>();
+    if (!list_type) {
+      continue;
+    }
+    const c10::TypePtr& element = list_type->getElementType();
+    const auto optional = element->cast<c10::OptionalType>();
+    if (optional &&
+        optional->getElementType()->kind() == c10::TypeKind::TensorType) {
+      c10::List<std::optional<at::Tensor>> list;
+      for (const c10::IValue& item : arg.toListRef()) {
+        list.push_back(item.isNone() ? std::nullopt
+                                     : std::optional<at::Tensor>(item.toTensor()));
+      }
+      arg = std::move(list);
+    } else if (element->kind() == c10::TypeKind::TensorType) {
+      c10::List<at::Tensor> list;
+      for (const c10::IValue& item : arg.toListRef()) {
+        list.push_back(item.toTensor());
+      }
+      arg = std::move(list);
+    }
+  }
+}
+
 // Finds the phantom device an op runs on and rejects mixed devices.
 class DeviceChecker {
  public:
@@ -255,6 +296,7 @@ void genericFallback(const c10::OperatorHandle& op, c10::DispatchKeySet,
       op.hasComputedKernelForDispatchKey(c10::DispatchKey::CPU),
       schema.name(), " has no phantom kernel, and no CPU kernel for phantom's "
       "generic path to run; it is not supported on phantom yet");
+  normalizeTensorLists(schema, stack);
   const size_t num_args = schema.arguments().size();
   const c10::ArrayRef<c10::IValue> args = torch::jit::last(stack, num_args);
   const c10::Device device = findDevice(op, args);
