@@ -42,6 +42,7 @@
 #include <phantom/Storage.h>
 #include <phantom/Stream.h>
 #include <phantom/ops/GenericPath.h>
+#include <phantom/ops/HostChecks.h>
 #include <phantom/ops/KernelAliases.h>
 #include <phantom/ops/KernelThreads.h>
 
@@ -1207,10 +1208,15 @@ const char* runGenericAsync(const c10::OperatorHandle& op,
   }
   const size_t num_args = schema.arguments().size();
   const c10::ArrayRef<c10::IValue> args = torch::jit::last(stack, num_args);
+  if (const char* reason = checksNeedTheData(op, args)) {
+    return reason;  // HostChecks.h
+  }
 
-  // A Python Meta kernel: its results are remembered per call signature.
+  // A Python Meta kernel, or a C++ one that skips the CPU kernel's checks
+  // (HostChecks.h): its results are remembered per call signature, and
+  // the first call with a signature gets a trial run.
   std::string signature;
-  if (!hasNativeMetaKernel(op)) {
+  if (!hasNativeMetaKernel(op) || metaKernelSkipsChecks(op)) {
     constexpr const char* kPython =
         "its Meta kernel is Python (slower than waiting) and another thread "
         "is checking this call signature";

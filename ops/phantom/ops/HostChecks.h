@@ -1,0 +1,24 @@
+// Which calls of the generic path cannot have their argument checks done
+// by a Meta kernel on the host, and what the generic path does instead
+// (HostChecks.cpp). Internal to ops/.
+#pragma once
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+
+namespace phantom {
+
+// True for an op whose C++ Meta kernel accepts arguments its CPU kernel
+// refuses (`_index_put_impl_`'s checks nothing). Such an op is checked as
+// ops with a Python Meta kernel are: a trial run of the CPU kernel on the
+// host, once per call signature, raises the CPU's error at the call.
+bool metaKernelSkipsChecks(const c10::OperatorHandle& op);
+
+// Why this call must wait for its data before its arguments can be
+// checked (an index_put with a boolean mask: the value's shape is checked
+// against the mask's count of True), or nullptr. Such a call takes the
+// synchronous half, as CUDA synchronizes to count the mask.
+const char* checksNeedTheData(const c10::OperatorHandle& op,
+                              c10::ArrayRef<c10::IValue> args);
+
+}  // namespace phantom
