@@ -45,6 +45,7 @@
 #include <phantom/ops/HostChecks.h>
 #include <phantom/ops/KernelAliases.h>
 #include <phantom/ops/KernelThreads.h>
+#include <phantom/ops/KernelWarnings.h>
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -150,6 +151,24 @@ std::optional<c10::IValue> mapTensors(const c10::IValue& value, F&& f) {
   return std::nullopt;
 }
 
+// True when another argument (or a tensor in a list) shares argument
+// `index`'s storage.
+bool sharesStorageWithAnother(c10::ArrayRef<c10::IValue> args, size_t index) {
+  const c10::StorageImpl* storage =
+      args[index].toTensor().storage().unsafeGetStorageImpl();
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (i == index) continue;
+    bool shared = false;
+    mapTensors(args[i], [&](const at::Tensor& t) {
+      shared = shared || (t.defined() && t.has_storage() &&
+                          t.storage().unsafeGetStorageImpl() == storage);
+      return t;
+    });
+    if (shared) return true;
+  }
+  return false;
+}
+
 // Mirrors phantom tensors as meta tensors, keeping storage sharing and
 // identity: a tensor passed twice (self and out of an in-place op routed
 // through its out= form) is mirrored once, so the Meta kernel sees an
@@ -157,7 +176,9 @@ std::optional<c10::IValue> mapTensors(const c10::IValue& value, F&& f) {
 // resize it to the broadcast shape.
 class MetaMirror {
  public:
-  at::Tensor mirror(const at::Tensor& tensor) {
+  // `empty`: the mirror has no elements (an out= argument; see
+  // runGenericAsync).
+  at::Tensor mirror(const at::Tensor& tensor, bool empty = false) {
     if (!isPhantom(tensor)) {
       return tensor;
     }
@@ -180,8 +201,12 @@ class MetaMirror {
         c10::Storage(it->second.meta), c10::DispatchKeySet(c10::DispatchKey::Meta),
         tensor.dtype());
     c10::TensorImpl* impl = meta.unsafeGetTensorImpl();
-    impl->set_sizes_and_strides(tensor.sizes(), tensor.strides(),
-                                tensor.storage_offset());
+    if (empty) {
+      impl->set_sizes_contiguous({0});
+    } else {
+      impl->set_sizes_and_strides(tensor.sizes(), tensor.strides(),
+                                  tensor.storage_offset());
+    }
     impl->_set_conj(tensor.is_conj());
     impl->_set_neg(tensor.is_neg());
     pairs_.emplace_back(tensor, meta);
@@ -468,6 +493,9 @@ void queueCpuKernel(const c10::OperatorHandle& op,
     }
     {
       const OneThreadScope threads(one_thread);  // KernelThreads.h
+      // Delivered at the call already (KernelWarnings.cpp); on the worker
+      // they would only be printed to stderr.
+      WarningCapture dropped;
       if (op.hasKernelForDispatchKey(c10::DispatchKey::CPU)) {
         op.callBoxedForDispatchKey(c10::DispatchKey::CPU, kernel_stack);
       } else {
@@ -600,6 +628,12 @@ struct Remembered {
   // Set by queued work whose CPU results had other shapes than the ones
   // remembered (they depend on the data after all): the signature waits.
   std::shared_ptr<std::atomic<bool>> wrong;
+  // The warnings the CPU kernel raises at every call with this signature,
+  // raised again at each queued call (KernelWarnings.cpp).
+  std::vector<c10::Warning> warnings;
+  // While verifying: `warnings` holds one waited run's warnings, which the
+  // next waited run confirms (what both raised is raised at every call).
+  bool warnings_seen = false;
 };
 
 // At most this many signatures are remembered; a new one then replaces an
@@ -1107,7 +1141,8 @@ bool observed(c10::ArrayRef<c10::IValue> args, c10::ArrayRef<c10::IValue> result
 void verifyRemembered(const std::string& signature,
                       c10::ArrayRef<c10::IValue> args,
                       c10::ArrayRef<c10::IValue> results,
-                      const std::vector<ArgumentGeometry>& before) {
+                      const std::vector<ArgumentGeometry>& before,
+                      const std::vector<c10::Warning>& warnings) {
   std::lock_guard<std::mutex> lock(memoMutex());
   auto it = memo().find(signature);
   if (it == memo().end() || it->second.state != Remembered::State::kVerifying) {
@@ -1169,7 +1204,18 @@ void verifyRemembered(const std::string& signature,
         break;
     }
   }
+  if (same && !entry.warnings_seen && !warnings.empty()) {
+    // Queued calls will raise the warnings the kernel raises at every
+    // call: one more waited call tells them from TORCH_WARN_ONCE's.
+    entry.warnings = warnings;
+    entry.warnings_seen = true;
+    entry.state = Remembered::State::kConfirming;
+    return;
+  }
   if (same) {
+    if (entry.warnings_seen) {
+      entry.warnings = warningsRaisedAgain(entry.warnings, warnings);
+    }
     entry.state = Remembered::State::kUsable;
     entry.wrong = std::make_shared<std::atomic<bool>>(false);
     return;
@@ -1183,6 +1229,8 @@ void verifyRemembered(const std::string& signature,
     entry.returns = std::move(cpu.returns);
     entry.resizes.clear();  // an argument the CPU resized fails the next check
     entry.from_cpu = true;
+    entry.warnings = warnings;  // the next call's run confirms them too
+    entry.warnings_seen = true;
     entry.state = Remembered::State::kConfirming;
   } else {
     entry.state = Remembered::State::kWait;
@@ -1212,11 +1260,11 @@ const char* runGenericAsync(const c10::OperatorHandle& op,
     return reason;  // HostChecks.h
   }
 
-  // A Python Meta kernel, or a C++ one that skips the CPU kernel's checks
+  // A Python Meta kernel, or a C++ one that falls short of the CPU kernel's
   // (HostChecks.h): its results are remembered per call signature, and
   // the first call with a signature gets a trial run.
   std::string signature;
-  if (!hasNativeMetaKernel(op) || metaKernelSkipsChecks(op)) {
+  if (!hasNativeMetaKernel(op) || metaKernelFallsShort(op)) {
     constexpr const char* kPython =
         "its Meta kernel is Python (slower than waiting) and another thread "
         "is checking this call signature";
@@ -1264,6 +1312,7 @@ const char* runGenericAsync(const c10::OperatorHandle& op,
     }
     if (usable) {
       runRemembered(op, stack, *usable, device);
+      emitWarnings(usable->warnings);
       return nullptr;
     }
   }
@@ -1272,9 +1321,24 @@ const char* runGenericAsync(const c10::OperatorHandle& op,
   MetaMirror mirror;
   torch::jit::Stack meta_stack;
   meta_stack.reserve(num_args);
-  for (const c10::IValue& arg : args) {
-    meta_stack.push_back(mirror.mirror(arg));
+  for (size_t i = 0; i < num_args; ++i) {
+    // A Python Meta kernel warns with Python's `warnings` when it resizes
+    // a non-empty out= argument, which no WarningCapture sees, and the
+    // trial run below raises the CPU kernel's own warning for it: an
+    // empty mirror keeps the Python one from coming too. Its answer is
+    // only kept when the trial cannot run, and is then checked against
+    // the CPU's.
+    const bool empty_out = !signature.empty() && schema.arguments()[i].is_out() &&
+                           args[i].isTensor() && isPhantom(args[i].toTensor()) &&
+                           args[i].toTensor().numel() > 0 &&
+                           !sharesStorageWithAnother(args, i);
+    meta_stack.push_back(empty_out ? c10::IValue(mirror.mirror(args[i].toTensor(), true))
+                                   : mirror.mirror(args[i]));
   }
+  // The Meta kernel's warnings are the CPU kernel's checks' (a C++ Meta
+  // kernel is the CPU kernel's own meta function): delivered below when
+  // nothing else runs the kernel on the host.
+  WarningCapture meta_capture;
   try {
     op.callBoxedForDispatchKey(c10::DispatchKey::Meta, meta_stack);
   } catch (const std::exception&) {
@@ -1291,17 +1355,38 @@ const char* runGenericAsync(const c10::OperatorHandle& op,
     // The Meta kernel ran, so the outputs do not depend on the data. The
     // CPU kernel's answer for the signature comes from a trial run on the
     // host, and the call is queued with it.
+    meta_capture.take();  // the trial run's warnings are the CPU kernel's
     std::string trial_error;
     Remembered cpu;
     std::optional<TrialRun> trial(std::in_place, schema, args);
     bool ran = false;
+    bool ones = false;
+    std::vector<c10::Warning> trial_warnings;
     if (!trial->feasible()) {
       trial_error = "the arguments span more than 64 MiB";
-    } else if (!(ran = trial->run(op, &trial_error))) {
-      trial.emplace(schema, args, /*ones=*/true);
-      ran = trial->run(op, &trial_error);
+    } else {
+      WarningCapture capture;
+      if (!(ran = trial->run(op, &trial_error))) {
+        capture.take();
+        WarningCapture again;
+        ones = true;
+        trial.emplace(schema, args, /*ones=*/true);
+        ran = trial->run(op, &trial_error);
+        trial_warnings = again.take();
+      } else {
+        trial_warnings = capture.take();
+      }
     }
     const bool usable = ran && trial->answer(&cpu);
+    if (usable && !trial_warnings.empty()) {
+      // Which of them the kernel raises at every call: a second run tells
+      // TORCH_WARN from TORCH_WARN_ONCE, which is now spent.
+      TrialRun second(schema, args, ones);
+      WarningCapture capture;
+      std::string ignored;
+      second.run(op, &ignored);
+      cpu.warnings = warningsRaisedAgain(trial_warnings, capture.take());
+    }
     if (debugMemo()) {
       Remembered meta;
       const bool meta_ok = rememberable(mirror, args, meta_stack, &meta);
@@ -1324,6 +1409,7 @@ const char* runGenericAsync(const c10::OperatorHandle& op,
         memo()[signature] = cpu;
       }
       runRemembered(op, stack, cpu, device);
+      emitWarnings(trial_warnings);
       return nullptr;
     }
     Remembered remembered;
@@ -1374,6 +1460,7 @@ const char* runGenericAsync(const c10::OperatorHandle& op,
 
   // 3. The kernel, queued.
   queueCpuKernel(op, args, std::move(fresh), device);
+  emitWarnings(meta_capture.take());
 
   // 4. Results, in the schema's shape.
   torch::jit::drop(stack, num_args);

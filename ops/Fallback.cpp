@@ -27,6 +27,7 @@
 #include <phantom/Stream.h>
 #include <phantom/ops/GenericPath.h>
 #include <phantom/ops/KernelAliases.h>
+#include <phantom/ops/KernelWarnings.h>
 #include <phantom/ops/OpsReport.h>
 
 #include <ATen/core/Tensor.h>
@@ -346,7 +347,11 @@ void genericFallback(const c10::OperatorHandle& op, c10::DispatchKeySet,
       if (armed && !signature.empty()) forgetRemembered(signature);
     }
   } forget_on_throw{verify_signature};
+  // The kernel's warnings, raised on the calling thread after the wait:
+  // the work may run on the stream's worker (KernelWarnings.cpp).
+  std::vector<c10::Warning> warnings;
   launchAndWait(stream, schema.name().c_str(), [&] {
+    WarningCapture capture;
     KernelAliases aliases;
     torch::jit::Stack kernel_stack;
     kernel_stack.reserve(num_args);
@@ -362,6 +367,7 @@ void genericFallback(const c10::OperatorHandle& op, c10::DispatchKeySet,
     } else {
       op.callBoxedForDispatchKey(c10::DispatchKey::CPU, kernel_stack);
     }
+    warnings = capture.take();
     aliases.writeBack();
     const ResultMapper mapper(aliases, args, device);
     results.reserve(kernel_stack.size());
@@ -370,8 +376,9 @@ void genericFallback(const c10::OperatorHandle& op, c10::DispatchKeySet,
     }
   });
   forget_on_throw.armed = false;
+  emitWarnings(warnings);
   if (!verify_signature.empty()) {
-    verifyRemembered(verify_signature, args, results, before);
+    verifyRemembered(verify_signature, args, results, before, warnings);
   }
   torch::jit::drop(stack, num_args);
   for (c10::IValue& result : results) {
@@ -404,7 +411,14 @@ TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
 //     reduced loss and calls the .out op, whose CPU kernel first gives its
 //     output the inputs' shape, so it warns that "an output with one or
 //     more elements was resized" at every call, which the CPU's own call
-//     never does.
+//     never does;
+//   index.Tensor, index_reduce(_), scatter(_).reduce, scatter(_).value_reduce:
+//     structured ops, whose CompositeExplicitAutogradNonFunctional kernel
+//     runs the meta function on phantom tensors and then calls the .out
+//     op, whose CPU kernel runs it again: each warning of the meta
+//     function (uint8 indices are deprecated, scatter's reduce argument is
+//     deprecated) came twice; and for a boolean mask `index` counted the
+//     mask on the device twice.
 // The generic path runs each op's computed CPU kernel, which for the ops
 // without a CPU kernel of their own is the same composite, over CPU aliases.
 // (native_layer_norm has a native kernel, LayerNorm.cpp, which sends the
@@ -413,7 +427,9 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   for (const char* name :
        {"native_group_norm", "addr", "addr.out",
         "addr_", "mode.values", "conj_physical_", "mse_loss",
-        "smooth_l1_loss"}) {
+        "smooth_l1_loss", "index.Tensor", "index_reduce", "index_reduce_",
+        "scatter.reduce", "scatter_.reduce", "scatter.value_reduce",
+        "scatter_.value_reduce"}) {
     m.impl(name, torch::CppFunction::makeFromBoxedFunction<&genericFallback>());
   }
 }

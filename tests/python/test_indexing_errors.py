@@ -15,6 +15,8 @@ import torch
 import torch_phantom
 
 P = torch.phantom
+# Cases with uint8 masks warn (deprecated) on both devices, as they should.
+pytestmark = pytest.mark.filterwarnings("ignore:indexing with dtype torch.uint8:UserWarning")
 
 
 def _make(device):

@@ -5,6 +5,7 @@
 #include <ATen/EmptyTensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
+#include <c10/util/Exception.h>
 #include <c10/util/SmallVector.h>
 
 #include <string>
@@ -119,11 +120,13 @@ const char* runGenericAsync(const c10::OperatorHandle& op,
 // `before`: argumentGeometries(args) before the call. A change the
 // remembered answer did not predict (linalg_lu_solve(left=False) sets the
 // conj bit of its out= argument) cannot be carried back by queued work, so
-// the signature then keeps waiting.
+// the signature then keeps waiting. `warnings`: the ones the call raised
+// (queued calls raise those the kernel raises at every call).
 void verifyRemembered(const std::string& signature,
                       c10::ArrayRef<c10::IValue> args,
                       c10::ArrayRef<c10::IValue> results,
-                      const std::vector<ArgumentGeometry>& before);
+                      const std::vector<ArgumentGeometry>& before,
+                      const std::vector<c10::Warning>& warnings);
 // The call that was to check `signature` raised: forget the signature.
 void forgetRemembered(const std::string& signature) noexcept;
 

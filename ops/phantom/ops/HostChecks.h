@@ -8,11 +8,13 @@
 
 namespace phantom {
 
-// True for an op whose C++ Meta kernel accepts arguments its CPU kernel
-// refuses (`_index_put_impl_`'s checks nothing). Such an op is checked as
-// ops with a Python Meta kernel are: a trial run of the CPU kernel on the
-// host, once per call signature, raises the CPU's error at the call.
-bool metaKernelSkipsChecks(const c10::OperatorHandle& op);
+// True for an op whose C++ Meta kernel does not do at the call what its
+// CPU kernel does: it accepts arguments the CPU kernel refuses
+// (`_index_put_impl_`'s checks nothing), or the CPU kernel warns in its
+// body (`index_reduce`). Such an op is treated as ops with a Python Meta
+// kernel are: a trial run of the CPU kernel on the host, once per call
+// signature, raises the CPU's error and warnings at the call.
+bool metaKernelFallsShort(const c10::OperatorHandle& op);
 
 // Why this call must wait for its data before its arguments can be
 // checked (an index_put with a boolean mask: the value's shape is checked
