@@ -657,11 +657,18 @@ void put(std::string& key, const T& value) {
 }
 
 // Appends `t`'s signature; `storages` numbers the storages seen so far.
-void putTensor(std::string& key, const at::Tensor& t,
+// False for a host mask (a boolean or uint8 CPU tensor that is not a
+// scalar, which indexing ops accept): the kernel reads it on the host and
+// its count of True decides the outputs' shapes.
+bool putTensor(std::string& key, const at::Tensor& t,
                std::vector<const c10::StorageImpl*>& storages) {
   if (!t.defined()) {
     key += 'u';
-    return;
+    return true;
+  }
+  if (!isPhantom(t) && t.dim() > 0 &&
+      (t.scalar_type() == at::kBool || t.scalar_type() == at::kByte)) {
+    return false;
   }
   key += isPhantom(t) ? 'P' : 'C';
   put(key, static_cast<int16_t>(t.device().index()));
@@ -679,10 +686,11 @@ void putTensor(std::string& key, const at::Tensor& t,
     put(key, static_cast<int32_t>(it - storages.begin()));
     if (it == storages.end()) storages.push_back(storage);
   }
+  return true;
 }
 
 // The call signature of `op` on `args`, or false for an argument kind the
-// memo does not know (then the call waits, as without it). For a pointwise
+// memo does not know, or a host mask (then the call waits, as without it). For a pointwise
 // op (ATen's `pointwise` tag: outputs broadcast from the tensor inputs) a
 // floating-point scalar counts by its kind, not its value, which cannot
 // change the outputs: Adam's addcdiv_ takes a new step size every step.
@@ -698,15 +706,21 @@ bool signatureOf(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
   std::vector<const c10::StorageImpl*> storages;
   for (const c10::IValue& arg : args) {
     if (arg.isTensor()) {
-      putTensor(*key, arg.toTensor(), storages);
+      if (!putTensor(*key, arg.toTensor(), storages)) return false;
     } else if (arg.isTensorList()) {
       *key += 'L';
       put(*key, arg.toTensorList().size());
-      for (const at::Tensor& t : arg.toTensorList()) putTensor(*key, t, storages);
+      for (const at::Tensor& t : arg.toTensorList()) {
+        if (!putTensor(*key, t, storages)) return false;
+      }
     } else if (arg.isOptionalTensorList()) {
       *key += 'O';
       for (const std::optional<at::Tensor>& t : arg.toOptionalTensorList()) {
-        if (t.has_value()) putTensor(*key, *t, storages); else *key += 'n';
+        if (!t.has_value()) {
+          *key += 'n';
+        } else if (!putTensor(*key, *t, storages)) {
+          return false;
+        }
       }
     } else if (arg.isNone()) {
       *key += 'N';

@@ -27,6 +27,10 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 import torch_phantom.testing  # noqa: E402
 
+# TORCH_WARN_ONCE warns at every call: the checks compare each call's
+# warnings with the CPU's, which must not depend on which ran first.
+torch.set_warn_always(True)
+
 if not torch_phantom.testing.enable_device_type_tests():
     raise RuntimeError(
         "the phantom device is not available, so PyTorch's device-generic "
