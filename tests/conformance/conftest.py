@@ -72,9 +72,13 @@ common_utils.extract_test_fn = _extract_test_fn
 TEST_TIMEOUT = float(os.environ.get("PHANTOM_CONFORMANCE_TIMEOUT", "300"))
 
 
+# The test files whose tests are keyed (check, op/module/optimizer, dtype);
+# each has a TEST_KEYS {instantiated test name: key}.
+KEYED_MODULES = ("test_ops", "test_modules", "test_optimizers")
+
+
 def _key(item):
-    module = sys.modules.get("test_ops")
-    keys = getattr(module, "TEST_KEYS", {}) if module else {}
+    keys = getattr(getattr(item, "module", None), "TEST_KEYS", {})
     if item.name in keys:
         return keys[item.name]
     return ("framework", f"{item.path.stem}::{item.name}", "-")
@@ -158,9 +162,12 @@ def pytest_runtest_makereport(item, call):
 
 
 def _complete():
-    module = sys.modules.get("test_ops")
-    keys = getattr(module, "TEST_KEYS", None)
-    return bool(keys) and all(k in RECORDER.tests for k in keys.values())
+    """Every keyed test of every keyed file ran (a full run)."""
+    for name in KEYED_MODULES:
+        keys = getattr(sys.modules.get(name), "TEST_KEYS", None)
+        if not keys or not all(k in RECORDER.tests for k in keys.values()):
+            return False
+    return True
 
 
 def pytest_sessionfinish(session, exitstatus):
