@@ -1278,7 +1278,8 @@ const char* runGenericAsync(const c10::OperatorHandle& op,
   // (HostChecks.h): its results are remembered per call signature, and
   // the first call with a signature gets a trial run.
   std::string signature;
-  if (!hasNativeMetaKernel(op) || metaKernelFallsShort(op)) {
+  if (!hasNativeMetaKernel(op) || metaKernelFallsShort(op) ||
+      hasFloat8Argument(args)) {
     constexpr const char* kPython =
         "its Meta kernel is Python (slower than waiting) and another thread "
         "is checking this call signature";

@@ -51,6 +51,20 @@ bool metaKernelFallsShort(const c10::OperatorHandle& op) {
          name == "aten::index_reduce";
 }
 
+bool hasFloat8Argument(c10::ArrayRef<c10::IValue> args) {
+  for (const c10::IValue& arg : args) {
+    if (arg.isTensor()) {
+      const at::Tensor& t = arg.toTensor();
+      if (t.defined() && c10::isFloat8Type(t.scalar_type())) return true;
+    } else if (arg.isTensorList()) {
+      for (const at::Tensor& t : arg.toTensorList()) {
+        if (t.defined() && c10::isFloat8Type(t.scalar_type())) return true;
+      }
+    }
+  }
+  return false;
+}
+
 const char* checksNeedTheData(const c10::OperatorHandle& op,
                               c10::ArrayRef<c10::IValue> args) {
   // _index_put_impl_(self, indices, values, accumulate, unsafe)

@@ -66,6 +66,13 @@ FORWARD_DTYPES = (
     torch.float16,
     torch.bfloat16,
     torch.complex64,
+    # Where an OpInfo lists them for the CPU (eye, _scaled_mm): most ops
+    # do not compute in float8, and tests/python/test_layouts.py checks that
+    # phantom refuses those at the call, as the CPU does.
+    torch.float8_e4m3fn,
+    torch.float8_e5m2,
+    torch.float8_e4m3fnuz,
+    torch.float8_e5m2fnuz,
 )
 BACKWARD_DTYPES = (torch.float32, torch.float64)
 

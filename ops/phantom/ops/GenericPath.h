@@ -19,10 +19,14 @@ inline bool isPhantom(const at::Tensor& tensor) {
 }
 
 // A phantom tensor a native kernel can take as it is: strided, with no
-// lazy conjugation or negation bits.
+// lazy conjugation or negation bits, and not float8 (the CPU computes few
+// ops in float8 and refuses the rest in its kernels, past every Meta
+// check: the generic path's trial run raises that at the call,
+// HostChecks.h).
 inline bool isPlainPhantom(const at::Tensor& tensor) {
   return isPhantom(tensor) && tensor.layout() == c10::kStrided &&
-         !tensor.is_conj() && !tensor.is_neg();
+         !tensor.is_conj() && !tensor.is_neg() &&
+         !c10::isFloat8Type(tensor.scalar_type());
 }
 
 // A meta tensor with `tensor`'s sizes, strides and dtype (no memory): what

@@ -16,6 +16,11 @@ namespace phantom {
 // signature, raises the CPU's error and warnings at the call.
 bool metaKernelFallsShort(const c10::OperatorHandle& op);
 
+// True when a tensor argument is float8: the CPU kernels of most ops refuse
+// float8 in their dtype dispatch, which no Meta kernel checks, so such a
+// call gets the trial run too.
+bool hasFloat8Argument(c10::ArrayRef<c10::IValue> args);
+
 // Why this call must wait for its data before its arguments can be
 // checked (an index_put with a boolean mask: the value's shape is checked
 // against the mask's count of True), or nullptr. Such a call takes the
