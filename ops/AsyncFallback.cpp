@@ -43,8 +43,10 @@
 #include <phantom/Storage.h>
 #include <phantom/Stream.h>
 #include <phantom/ops/GenericPath.h>
+#include <phantom/ops/HostChecks.h>
 #include <phantom/ops/KernelAliases.h>
 #include <phantom/ops/KernelThreads.h>
+#include <phantom/ops/KernelWarnings.h>
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -150,6 +152,24 @@ std::optional<c10::IValue> mapTensors(const c10::IValue& value, F&& f) {
   return std::nullopt;
 }
 
+// True when another argument (or a tensor in a list) shares argument
+// `index`'s storage.
+bool sharesStorageWithAnother(c10::ArrayRef<c10::IValue> args, size_t index) {
+  const c10::StorageImpl* storage =
+      args[index].toTensor().storage().unsafeGetStorageImpl();
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (i == index) continue;
+    bool shared = false;
+    mapTensors(args[i], [&](const at::Tensor& t) {
+      shared = shared || (t.defined() && t.has_storage() &&
+                          t.storage().unsafeGetStorageImpl() == storage);
+      return t;
+    });
+    if (shared) return true;
+  }
+  return false;
+}
+
 // Mirrors phantom tensors as meta tensors, keeping storage sharing and
 // identity: a tensor passed twice (self and out of an in-place op routed
 // through its out= form) is mirrored once, so the Meta kernel sees an
@@ -157,7 +177,9 @@ std::optional<c10::IValue> mapTensors(const c10::IValue& value, F&& f) {
 // resize it to the broadcast shape.
 class MetaMirror {
  public:
-  at::Tensor mirror(const at::Tensor& tensor) {
+  // `empty`: the mirror has no elements (an out= argument; see
+  // runGenericAsync).
+  at::Tensor mirror(const at::Tensor& tensor, bool empty = false) {
     if (!isPhantom(tensor)) {
       return tensor;
     }
@@ -180,8 +202,12 @@ class MetaMirror {
         c10::Storage(it->second.meta), c10::DispatchKeySet(c10::DispatchKey::Meta),
         tensor.dtype());
     c10::TensorImpl* impl = meta.unsafeGetTensorImpl();
-    impl->set_sizes_and_strides(tensor.sizes(), tensor.strides(),
-                                tensor.storage_offset());
+    if (empty) {
+      impl->set_sizes_contiguous({0});
+    } else {
+      impl->set_sizes_and_strides(tensor.sizes(), tensor.strides(),
+                                  tensor.storage_offset());
+    }
     impl->_set_conj(tensor.is_conj());
     impl->_set_neg(tensor.is_neg());
     pairs_.emplace_back(tensor, meta);
@@ -468,6 +494,9 @@ void queueCpuKernel(const c10::OperatorHandle& op,
     }
     {
       const OneThreadScope threads(one_thread);  // KernelThreads.h
+      // Delivered at the call already (KernelWarnings.cpp); on the worker
+      // they would only be printed to stderr.
+      WarningCapture dropped;
       if (op.hasKernelForDispatchKey(c10::DispatchKey::CPU)) {
         op.callBoxedForDispatchKey(c10::DispatchKey::CPU, kernel_stack);
       } else {
@@ -600,6 +629,12 @@ struct Remembered {
   // Set by queued work whose CPU results had other shapes than the ones
   // remembered (they depend on the data after all): the signature waits.
   std::shared_ptr<std::atomic<bool>> wrong;
+  // The warnings the CPU kernel raises at every call with this signature,
+  // raised again at each queued call (KernelWarnings.cpp).
+  std::vector<c10::Warning> warnings;
+  // While verifying: `warnings` holds one waited run's warnings, which the
+  // next waited run confirms (what both raised is raised at every call).
+  bool warnings_seen = false;
 };
 
 // At most this many signatures are remembered; a new one then replaces an
@@ -623,11 +658,18 @@ void put(std::string& key, const T& value) {
 }
 
 // Appends `t`'s signature; `storages` numbers the storages seen so far.
-void putTensor(std::string& key, const at::Tensor& t,
+// False for a host mask (a boolean or uint8 CPU tensor that is not a
+// scalar, which indexing ops accept): the kernel reads it on the host and
+// its count of True decides the outputs' shapes.
+bool putTensor(std::string& key, const at::Tensor& t,
                std::vector<const c10::StorageImpl*>& storages) {
   if (!t.defined()) {
     key += 'u';
-    return;
+    return true;
+  }
+  if (!isPhantom(t) && t.dim() > 0 &&
+      (t.scalar_type() == at::kBool || t.scalar_type() == at::kByte)) {
+    return false;
   }
   key += isPhantom(t) ? 'P' : 'C';
   put(key, static_cast<int16_t>(t.device().index()));
@@ -645,10 +687,11 @@ void putTensor(std::string& key, const at::Tensor& t,
     put(key, static_cast<int32_t>(it - storages.begin()));
     if (it == storages.end()) storages.push_back(storage);
   }
+  return true;
 }
 
 // The call signature of `op` on `args`, or false for an argument kind the
-// memo does not know (then the call waits, as without it). For a pointwise
+// memo does not know, or a host mask (then the call waits, as without it). For a pointwise
 // op (ATen's `pointwise` tag: outputs broadcast from the tensor inputs) a
 // floating-point scalar counts by its kind, not its value, which cannot
 // change the outputs: Adam's addcdiv_ takes a new step size every step.
@@ -664,15 +707,21 @@ bool signatureOf(const c10::OperatorHandle& op, c10::ArrayRef<c10::IValue> args,
   std::vector<const c10::StorageImpl*> storages;
   for (const c10::IValue& arg : args) {
     if (arg.isTensor()) {
-      putTensor(*key, arg.toTensor(), storages);
+      if (!putTensor(*key, arg.toTensor(), storages)) return false;
     } else if (arg.isTensorList()) {
       *key += 'L';
       put(*key, arg.toTensorList().size());
-      for (const at::Tensor& t : arg.toTensorList()) putTensor(*key, t, storages);
+      for (const at::Tensor& t : arg.toTensorList()) {
+        if (!putTensor(*key, t, storages)) return false;
+      }
     } else if (arg.isOptionalTensorList()) {
       *key += 'O';
       for (const std::optional<at::Tensor>& t : arg.toOptionalTensorList()) {
-        if (t.has_value()) putTensor(*key, *t, storages); else *key += 'n';
+        if (!t.has_value()) {
+          *key += 'n';
+        } else if (!putTensor(*key, *t, storages)) {
+          return false;
+        }
       }
     } else if (arg.isNone()) {
       *key += 'N';
@@ -1105,7 +1154,8 @@ bool observed(c10::ArrayRef<c10::IValue> args, c10::ArrayRef<c10::IValue> result
 void verifyRemembered(const std::string& signature,
                       c10::ArrayRef<c10::IValue> args,
                       c10::ArrayRef<c10::IValue> results,
-                      const std::vector<ArgumentGeometry>& before) {
+                      const std::vector<ArgumentGeometry>& before,
+                      const std::vector<c10::Warning>& warnings) {
   std::lock_guard<std::mutex> lock(memoMutex());
   auto it = memo().find(signature);
   if (it == memo().end() || it->second.state != Remembered::State::kVerifying) {
@@ -1167,7 +1217,18 @@ void verifyRemembered(const std::string& signature,
         break;
     }
   }
+  if (same && !entry.warnings_seen && !warnings.empty()) {
+    // Queued calls will raise the warnings the kernel raises at every
+    // call: one more waited call tells them from TORCH_WARN_ONCE's.
+    entry.warnings = warnings;
+    entry.warnings_seen = true;
+    entry.state = Remembered::State::kConfirming;
+    return;
+  }
   if (same) {
+    if (entry.warnings_seen) {
+      entry.warnings = warningsRaisedAgain(entry.warnings, warnings);
+    }
     entry.state = Remembered::State::kUsable;
     entry.wrong = std::make_shared<std::atomic<bool>>(false);
     return;
@@ -1181,6 +1242,8 @@ void verifyRemembered(const std::string& signature,
     entry.returns = std::move(cpu.returns);
     entry.resizes.clear();  // an argument the CPU resized fails the next check
     entry.from_cpu = true;
+    entry.warnings = warnings;  // the next call's run confirms them too
+    entry.warnings_seen = true;
     entry.state = Remembered::State::kConfirming;
   } else {
     entry.state = Remembered::State::kWait;
@@ -1206,10 +1269,16 @@ const char* runGenericAsync(const c10::OperatorHandle& op,
   }
   const size_t num_args = schema.arguments().size();
   const c10::ArrayRef<c10::IValue> args = torch::jit::last(stack, num_args);
+  if (const char* reason = checksNeedTheData(op, args)) {
+    return reason;  // HostChecks.h
+  }
 
-  // A Python Meta kernel: its results are remembered per call signature.
+  // A Python Meta kernel, or a C++ one that falls short of the CPU kernel's
+  // (HostChecks.h): its results are remembered per call signature, and
+  // the first call with a signature gets a trial run.
   std::string signature;
-  if (!hasNativeMetaKernel(op)) {
+  if (!hasNativeMetaKernel(op) || metaKernelFallsShort(op) ||
+      hasFloat8Argument(args)) {
     constexpr const char* kPython =
         "its Meta kernel is Python (slower than waiting) and another thread "
         "is checking this call signature";
@@ -1257,6 +1326,7 @@ const char* runGenericAsync(const c10::OperatorHandle& op,
     }
     if (usable) {
       runRemembered(op, stack, *usable, device);
+      emitWarnings(usable->warnings);
       return nullptr;
     }
   }
@@ -1265,9 +1335,24 @@ const char* runGenericAsync(const c10::OperatorHandle& op,
   MetaMirror mirror;
   torch::jit::Stack meta_stack;
   meta_stack.reserve(num_args);
-  for (const c10::IValue& arg : args) {
-    meta_stack.push_back(mirror.mirror(arg));
+  for (size_t i = 0; i < num_args; ++i) {
+    // A Python Meta kernel warns with Python's `warnings` when it resizes
+    // a non-empty out= argument, which no WarningCapture sees, and the
+    // trial run below raises the CPU kernel's own warning for it: an
+    // empty mirror keeps the Python one from coming too. Its answer is
+    // only kept when the trial cannot run, and is then checked against
+    // the CPU's.
+    const bool empty_out = !signature.empty() && schema.arguments()[i].is_out() &&
+                           args[i].isTensor() && isPhantom(args[i].toTensor()) &&
+                           args[i].toTensor().numel() > 0 &&
+                           !sharesStorageWithAnother(args, i);
+    meta_stack.push_back(empty_out ? c10::IValue(mirror.mirror(args[i].toTensor(), true))
+                                   : mirror.mirror(args[i]));
   }
+  // The Meta kernel's warnings are the CPU kernel's checks' (a C++ Meta
+  // kernel is the CPU kernel's own meta function): delivered below when
+  // nothing else runs the kernel on the host.
+  WarningCapture meta_capture;
   try {
     op.callBoxedForDispatchKey(c10::DispatchKey::Meta, meta_stack);
   } catch (const std::exception&) {
@@ -1284,17 +1369,38 @@ const char* runGenericAsync(const c10::OperatorHandle& op,
     // The Meta kernel ran, so the outputs do not depend on the data. The
     // CPU kernel's answer for the signature comes from a trial run on the
     // host, and the call is queued with it.
+    meta_capture.take();  // the trial run's warnings are the CPU kernel's
     std::string trial_error;
     Remembered cpu;
     std::optional<TrialRun> trial(std::in_place, schema, args);
     bool ran = false;
+    bool ones = false;
+    std::vector<c10::Warning> trial_warnings;
     if (!trial->feasible()) {
       trial_error = "the arguments span more than 64 MiB";
-    } else if (!(ran = trial->run(op, &trial_error))) {
-      trial.emplace(schema, args, /*ones=*/true);
-      ran = trial->run(op, &trial_error);
+    } else {
+      WarningCapture capture;
+      if (!(ran = trial->run(op, &trial_error))) {
+        capture.take();
+        WarningCapture again;
+        ones = true;
+        trial.emplace(schema, args, /*ones=*/true);
+        ran = trial->run(op, &trial_error);
+        trial_warnings = again.take();
+      } else {
+        trial_warnings = capture.take();
+      }
     }
     const bool usable = ran && trial->answer(&cpu);
+    if (usable && !trial_warnings.empty()) {
+      // Which of them the kernel raises at every call: a second run tells
+      // TORCH_WARN from TORCH_WARN_ONCE, which is now spent.
+      TrialRun second(schema, args, ones);
+      WarningCapture capture;
+      std::string ignored;
+      second.run(op, &ignored);
+      cpu.warnings = warningsRaisedAgain(trial_warnings, capture.take());
+    }
     if (debugMemo()) {
       Remembered meta;
       const bool meta_ok = rememberable(mirror, args, meta_stack, &meta);
@@ -1317,6 +1423,7 @@ const char* runGenericAsync(const c10::OperatorHandle& op,
         memo()[signature] = cpu;
       }
       runRemembered(op, stack, cpu, device);
+      emitWarnings(trial_warnings);
       return nullptr;
     }
     Remembered remembered;
@@ -1367,6 +1474,7 @@ const char* runGenericAsync(const c10::OperatorHandle& op,
 
   // 3. The kernel, queued.
   queueCpuKernel(op, args, std::move(fresh), device);
+  emitWarnings(meta_capture.take());
 
   // 4. Results, in the schema's shape.
   torch::jit::drop(stack, num_args);

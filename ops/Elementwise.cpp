@@ -169,6 +169,14 @@ std::optional<c10::Device> deviceOf(std::initializer_list<at::Tensor> inputs) {
   return std::nullopt;
 }
 
+// The floating dtypes the CPU's elementwise kernels compute in. Not the
+// float8 ones: the CPU refuses them ("add_stub" not implemented), and a
+// native kernel only queues what the CPU kernel cannot refuse; the generic
+// path raises the CPU's error at the call.
+bool computedFloatingType(c10::ScalarType dtype) {
+  return c10::isFloatingType(dtype) && !c10::isFloat8Type(dtype);
+}
+
 // Result dtype and shape by ATen's rules; nullopt unless floating.
 struct ResultMeta {
   c10::ScalarType dtype;
@@ -187,7 +195,7 @@ std::optional<ResultMeta> resultOf(const at::Tensor& a, const at::Tensor* b) {
       state = at::native::update_result_type_state(*b, state);
     }
     const c10::ScalarType dtype = at::native::result_type(state);
-    if (!c10::isFloatingType(dtype)) {
+    if (!computedFloatingType(dtype)) {
       return std::nullopt;
     }
     if (b == nullptr) {
@@ -364,6 +372,9 @@ at::Tensor tryBinaryByMeta(Binary op, const at::Tensor& self,
   } catch (const c10::Error&) {
     return {};  // the generic path raises the CPU's own error
   }
+  if (c10::isFloat8Type(meta.scalar_type())) {
+    return {};  // refused by the CPU kernel, not by the meta function
+  }
   const bool admitted = binaryAdmittedByCpu(
       op, Form::kByMeta, self, other, alpha, at::Tensor(), *a, *b,
       [op, &alpha](const at::Tensor& pa, const at::Tensor& pb) {
@@ -453,7 +464,7 @@ NativeOpCounter relu_inplace_counter("aten::relu_");
 CpuAdmission relu_admission;
 
 bool reluQueued(const at::Tensor& self, const at::Tensor& out) {
-  if (!isPlainPhantom(self) || !c10::isFloatingType(self.scalar_type())) {
+  if (!isPlainPhantom(self) || !computedFloatingType(self.scalar_type())) {
     return false;
   }
   const bool admitted =

@@ -29,6 +29,7 @@
 #include <phantom/SyncDebug.h>
 #include <phantom/ops/GenericPath.h>
 #include <phantom/ops/KernelAliases.h>
+#include <phantom/ops/KernelWarnings.h>
 #include <phantom/ops/OpsReport.h>
 
 #include <ATen/core/Tensor.h>
@@ -51,6 +52,47 @@ namespace {
 bool acceptsHostIndices(const c10::OperatorName& name) {
   return name.name == "aten::index" || name.name == "aten::index_put_" ||
          name.name == "aten::_index_put_impl_" || name.name == "aten::index_put";
+}
+
+// TorchScript's interpreter passes a `Tensor?[]` argument (the indices of
+// `x[mask] = v`) as a list whose element type is its own `Tensor?` type
+// object, which IValue::isOptionalTensorList() does not recognise: it
+// compares the type object with c10's own. Every step of the generic path
+// (device check, aliases, Meta mirrors, trial runs, signatures) then took
+// the list for a plain value and handed phantom tensors to the CPU kernel,
+// which ran `nonzero` on phantom from inside device work. The arguments
+// are rebuilt as the lists eager mode passes, once, on entry.
+void normalizeTensorLists(const c10::FunctionSchema& schema,
+                          torch::jit::Stack* stack) {
+  const size_t num_args = schema.arguments().size();
+  const size_t first = stack->size() - num_args;
+  for (size_t i = 0; i < num_args; ++i) {
+    c10::IValue& arg = (*stack)[first + i];
+    if (!arg.isList() || arg.isTensorList() || arg.isOptionalTensorList()) {
+      continue;
+    }
+    const auto list_type = schema.arguments()[i].type()->cast<c10::ListType>();
+    if (!list_type) {
+      continue;
+    }
+    const c10::TypePtr& element = list_type->getElementType();
+    const auto optional = element->cast<c10::OptionalType>();
+    if (optional &&
+        optional->getElementType()->kind() == c10::TypeKind::TensorType) {
+      c10::List<std::optional<at::Tensor>> list;
+      for (const c10::IValue& item : arg.toListRef()) {
+        list.push_back(item.isNone() ? std::nullopt
+                                     : std::optional<at::Tensor>(item.toTensor()));
+      }
+      arg = std::move(list);
+    } else if (element->kind() == c10::TypeKind::TensorType) {
+      c10::List<at::Tensor> list;
+      for (const c10::IValue& item : arg.toListRef()) {
+        list.push_back(item.toTensor());
+      }
+      arg = std::move(list);
+    }
+  }
 }
 
 // Finds the phantom device an op runs on and rejects mixed devices.
@@ -255,6 +297,7 @@ void genericFallback(const c10::OperatorHandle& op, c10::DispatchKeySet,
       op.hasComputedKernelForDispatchKey(c10::DispatchKey::CPU),
       schema.name(), " has no phantom kernel, and no CPU kernel for phantom's "
       "generic path to run; it is not supported on phantom yet");
+  normalizeTensorLists(schema, stack);
   const size_t num_args = schema.arguments().size();
   const c10::ArrayRef<c10::IValue> args = torch::jit::last(stack, num_args);
   const c10::Device device = findDevice(op, args);
@@ -305,7 +348,11 @@ void genericFallback(const c10::OperatorHandle& op, c10::DispatchKeySet,
       if (armed && !signature.empty()) forgetRemembered(signature);
     }
   } forget_on_throw{verify_signature};
+  // The kernel's warnings, raised on the calling thread after the wait:
+  // the work may run on the stream's worker (KernelWarnings.cpp).
+  std::vector<c10::Warning> warnings;
   launchAndWait(stream, schema.name().c_str(), [&] {
+    WarningCapture capture;
     KernelAliases aliases;
     torch::jit::Stack kernel_stack;
     kernel_stack.reserve(num_args);
@@ -321,6 +368,7 @@ void genericFallback(const c10::OperatorHandle& op, c10::DispatchKeySet,
     } else {
       op.callBoxedForDispatchKey(c10::DispatchKey::CPU, kernel_stack);
     }
+    warnings = capture.take();
     aliases.writeBack();
     const ResultMapper mapper(aliases, args, device);
     results.reserve(kernel_stack.size());
@@ -329,8 +377,9 @@ void genericFallback(const c10::OperatorHandle& op, c10::DispatchKeySet,
     }
   });
   forget_on_throw.armed = false;
+  emitWarnings(warnings);
   if (!verify_signature.empty()) {
-    verifyRemembered(verify_signature, args, results, before);
+    verifyRemembered(verify_signature, args, results, before, warnings);
   }
   torch::jit::drop(stack, num_args);
   for (c10::IValue& result : results) {
@@ -363,7 +412,14 @@ TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
 //     reduced loss and calls the .out op, whose CPU kernel first gives its
 //     output the inputs' shape, so it warns that "an output with one or
 //     more elements was resized" at every call, which the CPU's own call
-//     never does.
+//     never does;
+//   index.Tensor, index_reduce(_), scatter(_).reduce, scatter(_).value_reduce:
+//     structured ops, whose CompositeExplicitAutogradNonFunctional kernel
+//     runs the meta function on phantom tensors and then calls the .out
+//     op, whose CPU kernel runs it again: each warning of the meta
+//     function (uint8 indices are deprecated, scatter's reduce argument is
+//     deprecated) came twice; and for a boolean mask `index` counted the
+//     mask on the device twice.
 // The generic path runs each op's computed CPU kernel, which for the ops
 // without a CPU kernel of their own is the same composite, over CPU aliases.
 // (native_layer_norm has a native kernel, LayerNorm.cpp, which sends the
@@ -372,7 +428,9 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   for (const char* name :
        {"native_group_norm", "addr", "addr.out",
         "addr_", "mode.values", "conj_physical_", "mse_loss",
-        "smooth_l1_loss"}) {
+        "smooth_l1_loss", "index.Tensor", "index_reduce", "index_reduce_",
+        "scatter.reduce", "scatter_.reduce", "scatter.value_reduce",
+        "scatter_.value_reduce"}) {
     m.impl(name, torch::CppFunction::makeFromBoxedFunction<&genericFallback>());
   }
 }

@@ -23,6 +23,18 @@ start with::
 the fact, so the order of imports stops mattering. It never imports
 ``torch.testing._internal`` itself (that is slow and pulls in numpy and
 expecttest): it only patches the module if it is already there.
+
+Fused optimizers (``Adam(fused=True)`` ...) run on phantom: torch 2.13's
+``torch.utils._foreach_utils._get_fused_kernels_supported_devices()``, the
+one list ``torch.optim`` consults, already names the PrivateUse1 backend,
+and the fused kernels (``_fused_adam_`` ...) reach the generic path, which
+runs the CPU's. PyTorch has no hook through which a backend declares that
+to its *test* metadata, though: each ``OptimizerInfo`` of
+``common_optimizers.optim_db`` lists the device types it tests fused on
+(``supports_fused_on``), and no PrivateUse1 backend is among them, so no
+suite ever tries ``fused=True`` on phantom. ``declare_fused_optimizers()``
+adds phantom wherever the CPU is listed, since those are the kernels phantom
+runs.
 """
 
 import sys
@@ -31,7 +43,7 @@ import torch
 
 from ._name import BACKEND_NAME
 
-__all__ = ["enable_device_type_tests", "DEVICE_TYPE"]
+__all__ = ["enable_device_type_tests", "declare_fused_optimizers", "DEVICE_TYPE"]
 
 DEVICE_TYPE = BACKEND_NAME
 
@@ -51,3 +63,22 @@ def enable_device_type_tests() -> bool:
         if cdt.PrivateUse1TestBase not in bases:
             bases.append(cdt.PrivateUse1TestBase)
     return available
+
+
+def declare_fused_optimizers() -> list:
+    """Adds phantom to ``supports_fused_on`` of every ``OptimizerInfo`` in
+    ``torch.testing._internal.common_optimizers.optim_db`` that lists the
+    CPU, so that ``_get_optim_inputs_including_global_cliquey_kwargs`` and
+    the suites built on it test ``fused=True`` on phantom. Imports
+    ``common_optimizers`` (after ``enable_device_type_tests()``, which it
+    calls). Returns the names of the optimizers declared."""
+    enable_device_type_tests()
+    from torch.testing._internal.common_optimizers import optim_db
+
+    declared = []
+    for info in optim_db:
+        if "cpu" in info.supports_fused_on:
+            if DEVICE_TYPE not in info.supports_fused_on:
+                info.supports_fused_on = (*info.supports_fused_on, DEVICE_TYPE)
+            declared.append(info.name)
+    return declared

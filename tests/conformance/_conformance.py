@@ -247,3 +247,88 @@ def shape_check(actual, expected, device_type, path="output", strict_device=True
             shape_check(a, e, device_type, f"{path}[{i}]", strict_device)
         return
     compare(actual, expected, device_type, path, strict_device)
+
+
+# --------------------------------------------------------------------------
+# Driver shared by the module and optimizer suites
+# --------------------------------------------------------------------------
+
+
+def sample_limit(check, default):
+    """Samples (configurations) per test for ``check``:
+    PHANTOM_CONFORMANCE_SAMPLES_<CHECK>, else PHANTOM_CONFORMANCE_SAMPLES,
+    else ``default``; 0 means all."""
+    value = os.environ.get("PHANTOM_CONFORMANCE_SAMPLES")
+    value = os.environ.get(f"PHANTOM_CONFORMANCE_SAMPLES_{check.upper()}", value)
+    return default if value is None else int(value)
+
+
+def describe(error):
+    text = str(error).strip().splitlines()
+    first = text[0] if text else ""
+    return f"{type(error).__name__}: {first}"[:400]
+
+
+class SampleStats:
+    """Samples compared in one test, and the failures among them."""
+
+    def __init__(self):
+        self.samples = 0
+        self.matched = 0
+        self.failures = []
+
+    def run(self, label, fn):
+        """Runs one sample's comparison; ``fn`` returns False when the
+        sample does not apply (not counted)."""
+        try:
+            counted = fn()
+        except Exception as error:  # noqa: BLE001 - recorded as a failure
+            self.samples += 1
+            self.failures.append(f"{label}: {describe(error)}")
+            return
+        if counted is not False:
+            self.samples += 1
+            self.matched += 1
+
+
+def conform(test, key, body):
+    """Runs ``body(stats)`` for the test ``key`` and enforces
+    expected_failures.json as test_ops.py does: a listed skip is not run, a
+    listed xfail must fail, an unlisted failure fails, a test that compared
+    nothing fails unless listed as a skip."""
+    import unittest
+
+    import pytest
+
+    nodeid = test.id()
+    entry = EXPECTED.lookup(*key)
+    if entry is not None and entry["kind"] == "skip":
+        RECORDER.record(key, "skipped", reason=entry["reason"], nodeid=nodeid)
+        raise unittest.SkipTest(f"listed in expected_failures.json: {entry['reason']}")
+    stats = SampleStats()
+    body(stats)
+    try:
+        getattr(torch, "phantom").synchronize()
+    except Exception as error:  # noqa: BLE001 - a sticky stream error
+        stats.failures.append(f"synchronize after the test: {describe(error)}")
+    error = stats.failures[0] if stats.failures else ""
+    if entry is not None:  # xfail
+        if stats.failures:
+            RECORDER.record(key, "xfailed", stats.samples, stats.matched,
+                            entry["reason"], nodeid, error)
+            pytest.xfail(f"listed in expected_failures.json: {entry['reason']}")
+        RECORDER.record(key, "xpassed", stats.samples, stats.matched, entry["reason"], nodeid)
+        test.fail(f"{'/'.join(key)} is listed in expected_failures.json as failing "
+                  f"({entry['reason']!r}) but passed on {stats.samples} samples: remove the entry")
+    if stats.failures:
+        RECORDER.record(key, "failed", stats.samples, stats.matched, error, nodeid, error)
+        shown = "\n  ".join(stats.failures[:3])
+        more = len(stats.failures) - 3
+        test.fail(f"{'/'.join(key)}: {len(stats.failures)} of {stats.samples} samples "
+                  f"differ from the CPU (not listed in expected_failures.json):\n  {shown}"
+                  + (f"\n  ... and {more} more" if more > 0 else ""))
+    if stats.samples == 0:
+        reason = "no applicable sample (nothing compared)"
+        RECORDER.record(key, "unlisted-skip", 0, 0, reason, nodeid)
+        test.fail(f"{'/'.join(key)}: {reason}; list it as a skip in expected_failures.json")
+    RECORDER.record(key, "passed", stats.samples, stats.matched, "", nodeid)

@@ -27,6 +27,10 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 import torch_phantom.testing  # noqa: E402
 
+# TORCH_WARN_ONCE warns at every call: the checks compare each call's
+# warnings with the CPU's, which must not depend on which ran first.
+torch.set_warn_always(True)
+
 if not torch_phantom.testing.enable_device_type_tests():
     raise RuntimeError(
         "the phantom device is not available, so PyTorch's device-generic "
@@ -68,9 +72,13 @@ common_utils.extract_test_fn = _extract_test_fn
 TEST_TIMEOUT = float(os.environ.get("PHANTOM_CONFORMANCE_TIMEOUT", "300"))
 
 
+# The test files whose tests are keyed (check, op/module/optimizer, dtype);
+# each has a TEST_KEYS {instantiated test name: key}.
+KEYED_MODULES = ("test_ops", "test_modules", "test_optimizers")
+
+
 def _key(item):
-    module = sys.modules.get("test_ops")
-    keys = getattr(module, "TEST_KEYS", {}) if module else {}
+    keys = getattr(getattr(item, "module", None), "TEST_KEYS", {})
     if item.name in keys:
         return keys[item.name]
     return ("framework", f"{item.path.stem}::{item.name}", "-")
@@ -154,9 +162,12 @@ def pytest_runtest_makereport(item, call):
 
 
 def _complete():
-    module = sys.modules.get("test_ops")
-    keys = getattr(module, "TEST_KEYS", None)
-    return bool(keys) and all(k in RECORDER.tests for k in keys.values())
+    """Every keyed test of every keyed file ran (a full run)."""
+    for name in KEYED_MODULES:
+        keys = getattr(sys.modules.get(name), "TEST_KEYS", None)
+        if not keys or not all(k in RECORDER.tests for k in keys.values()):
+            return False
+    return True
 
 
 def pytest_sessionfinish(session, exitstatus):

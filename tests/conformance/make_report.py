@@ -25,7 +25,8 @@ DOC = os.path.join(ROOT, "docs", "conformance.md")
 BEGIN = "<!-- BEGIN GENERATED REPORT (tests/conformance/make_report.py) -->"
 END = "<!-- END GENERATED REPORT -->"
 
-DTYPE_ORDER = ["float32", "float64", "float16", "bfloat16", "complex64", "int64", "bool"]
+DTYPE_ORDER = ["float32", "float64", "float16", "bfloat16", "complex64", "int64", "bool",
+               "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz"]
 
 
 def _md(text):

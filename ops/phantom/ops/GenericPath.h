@@ -5,6 +5,7 @@
 #include <ATen/EmptyTensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
+#include <c10/util/Exception.h>
 #include <c10/util/SmallVector.h>
 
 #include <string>
@@ -18,10 +19,14 @@ inline bool isPhantom(const at::Tensor& tensor) {
 }
 
 // A phantom tensor a native kernel can take as it is: strided, with no
-// lazy conjugation or negation bits.
+// lazy conjugation or negation bits, and not float8 (the CPU computes few
+// ops in float8 and refuses the rest in its kernels, past every Meta
+// check: the generic path's trial run raises that at the call,
+// HostChecks.h).
 inline bool isPlainPhantom(const at::Tensor& tensor) {
   return isPhantom(tensor) && tensor.layout() == c10::kStrided &&
-         !tensor.is_conj() && !tensor.is_neg();
+         !tensor.is_conj() && !tensor.is_neg() &&
+         !c10::isFloat8Type(tensor.scalar_type());
 }
 
 // A meta tensor with `tensor`'s sizes, strides and dtype (no memory): what
@@ -119,11 +124,13 @@ const char* runGenericAsync(const c10::OperatorHandle& op,
 // `before`: argumentGeometries(args) before the call. A change the
 // remembered answer did not predict (linalg_lu_solve(left=False) sets the
 // conj bit of its out= argument) cannot be carried back by queued work, so
-// the signature then keeps waiting.
+// the signature then keeps waiting. `warnings`: the ones the call raised
+// (queued calls raise those the kernel raises at every call).
 void verifyRemembered(const std::string& signature,
                       c10::ArrayRef<c10::IValue> args,
                       c10::ArrayRef<c10::IValue> results,
-                      const std::vector<ArgumentGeometry>& before);
+                      const std::vector<ArgumentGeometry>& before,
+                      const std::vector<c10::Warning>& warnings);
 // The call that was to check `signature` raised: forget the signature.
 void forgetRemembered(const std::string& signature) noexcept;
 

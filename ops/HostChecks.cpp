@@ -1,0 +1,90 @@
+// Argument checks the generic path cannot leave to a Meta kernel.
+//
+// The asynchronous half (AsyncFallback.cpp) raises an argument error at
+// the call only if something on the host sees it: the Meta kernel, or the
+// trial run of the CPU kernel that ops with a Python Meta kernel get once
+// per call signature. Two kinds of call slip through, and the error then
+// reaches the user at the next sync as a device error, after which work
+// queued behind it was lost:
+//
+//   - ops whose C++ Meta kernel checks nothing the CPU kernel checks:
+//     `_index_put_impl_` (what `x[i] = v`, `index_put_` and `index_put`
+//     run) returns `self` for any indices and value, and `put_` does not
+//     compare the index's and the source's sizes. They are given the
+//     trial run too (metaKernelFallsShort). Checks that need the index
+//     values (out of range) still fail on the device, as on CUDA.
+//     (`index_reduce.out` is there for a warning: its CPU kernel warns
+//     that the op is in beta in its body, which its Meta kernel does not
+//     run; see KernelWarnings.cpp.)
+//   - an index_put with a boolean (or uint8) mask: the indexed shape is
+//     the mask's count of True, so whether `value` broadcasts to it is a
+//     question about the data. CUDA answers it on the host after a sync
+//     (its kernel runs `nonzero` on the mask, which copies the count to
+//     the host); phantom does the same by taking the synchronous half
+//     (checksNeedTheData). A one-element value fits any count, so
+//     `x[mask] = 0.0` (whose value Python makes a phantom scalar tensor;
+//     CUDA's a CPU one, which its kernel turns into a masked_fill) needs
+//     no sync and is queued.
+#include <phantom/ops/HostChecks.h>
+
+#include <ATen/core/Tensor.h>
+
+#include <cstring>
+
+namespace phantom {
+namespace {
+
+bool isMask(const at::Tensor& t) {
+  return t.defined() &&
+         (t.scalar_type() == at::kBool || t.scalar_type() == at::kByte);
+}
+
+bool isIndexPut(const c10::OperatorHandle& op) {
+  return op.schema().name() == "aten::_index_put_impl_";
+}
+
+}  // namespace
+
+bool metaKernelFallsShort(const c10::OperatorHandle& op) {
+  const std::string& name = op.schema().name();
+  return name == "aten::_index_put_impl_" || name == "aten::put_" ||
+         name == "aten::index_reduce";
+}
+
+bool hasFloat8Argument(c10::ArrayRef<c10::IValue> args) {
+  for (const c10::IValue& arg : args) {
+    if (arg.isTensor()) {
+      const at::Tensor& t = arg.toTensor();
+      if (t.defined() && c10::isFloat8Type(t.scalar_type())) return true;
+    } else if (arg.isTensorList()) {
+      for (const at::Tensor& t : arg.toTensorList()) {
+        if (t.defined() && c10::isFloat8Type(t.scalar_type())) return true;
+      }
+    }
+  }
+  return false;
+}
+
+const char* checksNeedTheData(const c10::OperatorHandle& op,
+                              c10::ArrayRef<c10::IValue> args) {
+  // _index_put_impl_(self, indices, values, accumulate, unsafe)
+  if (!isIndexPut(op) || args.size() < 4 || !args[1].isOptionalTensorList()) {
+    return nullptr;
+  }
+  bool mask = false;
+  for (const std::optional<at::Tensor>& index : args[1].toOptionalTensorList()) {
+    mask = mask || (index.has_value() && isMask(*index));
+  }
+  if (!mask) {
+    return nullptr;
+  }
+  if (args[2].toTensor().numel() == 1) {
+    // One value broadcasts to any count: the trial run checks the rest.
+    return nullptr;
+  }
+  return "index_put with a boolean mask: whether the value fits is a "
+         "question about the mask's count of True, answered on the host "
+         "after a sync, as CUDA does";
+}
+
+}  // namespace phantom
