@@ -328,6 +328,29 @@ CASES = {
     "conj_physical_": Case("aten::conj_physical_", 1, unary(torch.conj_physical_)),
     "mse_loss": Case("aten::mse_loss", 2, binary(F.mse_loss, (3, 4), (3, 4))),
     "smooth_l1_loss": Case("aten::smooth_l1_loss", 2, binary(F.smooth_l1_loss, (3, 4), (3, 4))),
+    # Structured ops routed to the generic path so that their meta
+    # function runs once (its warnings, a boolean mask's count). The index
+    # slot takes every dtype: integer indices 1 and 2, masks of all True.
+    "index": Case("aten::index.Tensor", 2, lambda d: (
+        lambda a, i: a[i], [T((3, 4), d[0]), T((2,), d[1])])),
+    "index_reduce": Case("aten::index_reduce", 3, lambda d: (
+        lambda a, i, s: a.index_reduce(0, i, s, "prod"),
+        [T((3, 4), d[0]), T((2,), d[1]), T((2, 4), d[2])])),
+    "index_reduce_": Case("aten::index_reduce_", 3, lambda d: (
+        lambda a, i, s: a.index_reduce_(0, i, s, "amax", include_self=False),
+        [T((3, 4), d[0]), T((2,), d[1]), T((2, 4), d[2])])),
+    "scatter-reduce": Case("aten::scatter.reduce", 3, lambda d: (
+        lambda a, i, s: torch.scatter(a, 1, i, s, reduce="add"),
+        [T((3, 4), d[0]), T((2, 3), d[1]), T((2, 3), d[2])])),
+    "scatter_-reduce": Case("aten::scatter_.reduce", 3, lambda d: (
+        lambda a, i, s: a.scatter_(1, i, s, reduce="multiply"),
+        [T((3, 4), d[0]), T((2, 3), d[1]), T((2, 3), d[2])])),
+    "scatter-value_reduce": Case("aten::scatter.value_reduce", 2, lambda d: (
+        lambda a, i: torch.scatter(a, 1, i, 2, reduce="add"),
+        [T((3, 4), d[0]), T((2, 3), d[1])])),
+    "scatter_-value_reduce": Case("aten::scatter_.value_reduce", 2, lambda d: (
+        lambda a, i: a.scatter_(1, i, 2, reduce="multiply"),
+        [T((3, 4), d[0]), T((2, 3), d[1])])),
 }
 
 # Registrations with no dtype to vary, and why.
