@@ -419,14 +419,12 @@ def test_storage_of_negative_size():
 
 def test_a_failure_refused_at_launch_is_reported_once():
     x = torch.randn(5, device="phantom")
-    failing = P.current_stream()
     failed_kernel()
-    done = failing.record_event()
-    # Wait for the failure to have happened without reporting it: another
-    # stream's wait on an event behind it completes once it has run.
-    observer = P.Stream()
-    observer.wait_event(done)
-    observer.synchronize()
+    done = P.current_stream().record_event()
+    # Wait for the failure to have happened without reporting it: an event
+    # recorded after it carries it, and does not reset the stream.
+    raised, message = _outcome(done.synchronize)
+    assert raised is torch.AcceleratorError and "aten::index" in message, message
     raised, message = _outcome(lambda: x + 1)  # refused: the stream is sticky
     assert raised is torch.AcceleratorError and "aten::index" in message, message
     raised, message = _outcome(P.synchronize)
