@@ -5,6 +5,7 @@
 #include <phantom/Exception.h>
 #include <phantom/Launch.h>
 #include <phantom/Stream.h>
+#include <phantom/ops/BoundsCheck.h>
 #include <phantom/ops/KernelAliases.h>
 
 #include <ATen/core/Tensor.h>
@@ -40,6 +41,7 @@ at::Tensor& zero(at::Tensor& self) {
 at::Scalar localScalarDense(const at::Tensor& self) {
   TORCH_CHECK(self.numel() == 1, "a Tensor with ", self.numel(),
               " elements cannot be converted to Scalar");
+  checkInsideStorage(self, "item()");
   const c10::DeviceGuard guard(self.device());
   at::Tensor host = at::empty({}, self.options().device(c10::kCPU));
   // A copy into pageable memory returns when the value has arrived, after

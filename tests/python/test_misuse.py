@@ -130,6 +130,13 @@ def failed_kernel_behind_busy_stream():
     return failed_kernel(behind_ms=300)
 
 
+def op_on_a_view_past_its_shrunk_storage():
+    a = ones(n=16)
+    view = a[:]
+    a.untyped_storage().resize_(0)
+    (view + 1).cpu()
+
+
 def item_after_failed_kernel():
     x = failed_kernel_behind_busy_stream()
     x.sum().item()
@@ -335,6 +342,9 @@ CASES = [
     Case("as_strided_past_the_storage", lambda: ones().as_strided((10,), (1,)),
          RuntimeError, r"requiring a storage size of 40 are out of bounds for "
                        r"storage of size 12"),
+    Case("op_on_a_view_past_its_shrunk_storage", op_on_a_view_past_its_shrunk_storage,
+         RuntimeError, r"needs bytes \[0, 64\) of its storage .*but its storage has 0 bytes; "
+                       r"was the storage resized under a view"),
     Case("view_of_incompatible_shape", lambda: ones().view(2, 2), RuntimeError,
          r"shape '\[2, 2\]' is invalid for input of size 3"),
     Case("item_of_many_elements", lambda: ones().item(), RuntimeError,
