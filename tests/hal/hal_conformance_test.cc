@@ -1051,17 +1051,22 @@ TEST(RunHostFunc, TheTaskMayReachDeviceMemoryAsLaunchedWorkDoes) {
   DeviceBuffer device(0, 256);
   ASSERT_PH_OK(ph_memset_async(device.get(), 7, 256, stream));
   unsigned char seen = 0;
+  bool no_kernel_view = false;
   EXPECT_PH_OK(RunNow(stream, "read", [&](char*, size_t) {
     void* view = nullptr;
     const ph_status_t status = ph_kernel_address(device.get(), &view);
     if (status == PH_ERROR_UNIMPLEMENTED) {
-      seen = 7;  // a driver without kernel views: nothing to check
+      no_kernel_view = true;
       return PH_SUCCESS;
     }
     if (status != PH_SUCCESS) return status;
     seen = static_cast<unsigned char*>(view)[255];
     return PH_SUCCESS;
   }));
+  if (no_kernel_view) {
+    GTEST_SKIP() << "driver has no kernel view (ph_kernel_address is "
+                    "OPTIONAL): host work cannot reach device memory";
+  }
   EXPECT_EQ(seen, 7);
 }
 

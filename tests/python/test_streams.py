@@ -363,14 +363,14 @@ def test_elapsed_time_errors():
     untimed.synchronize()
     with pytest.raises(RuntimeError, match="enable_timing"):
         start.elapsed_time(untimed)
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="expected end_event to be a torch.Event, got Stream"):
         start.elapsed_time(s)
 
 
 def test_interprocess_event_is_not_supported():
     with pytest.raises(NotImplementedError, match="between processes"):
         P.Event(interprocess=True)
-    with pytest.raises(NotImplementedError):
+    with pytest.raises(NotImplementedError, match="between processes"):
         P.Event().ipc_handle()
 
 
@@ -388,7 +388,7 @@ def test_cpu_streams_and_devices_are_rejected():
         P.Event().record(cpu_stream)
     with pytest.raises(ValueError, match="phantom"):
         P.current_stream("cpu")
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="expected a phantom stream .*, got str"):
         P.stream("phantom:0")
 
 
@@ -427,7 +427,7 @@ def test_stream_context_on_another_device_switches_device(two_devices):
 
 def test_stream_context_restores_on_exception(two_devices):
     s1 = P.Stream(1)
-    with pytest.raises(KeyError):
+    with pytest.raises(KeyError, match="boom"):
         with s1:
             assert P.current_device() == 1
             raise KeyError("boom")
