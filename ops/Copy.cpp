@@ -28,6 +28,7 @@
 #include <phantom/Launch.h>
 #include <phantom/Stream.h>
 #include <phantom/SyncDebug.h>
+#include <phantom/ops/BoundsCheck.h>
 #include <phantom/ops/KernelAliases.h>
 
 #include <ATen/EmptyTensor.h>
@@ -235,6 +236,8 @@ at::Tensor copyFrom(const at::Tensor& src, const at::Tensor& dst,
   TORCH_CHECK(isPhantom(dst) || dst.device().is_cpu(),
               "cannot copy from ", src.device(), " to ", dst.device(),
               ": phantom copies to and from the CPU and phantom devices only");
+  if (isPhantom(src)) checkInsideStorage(src, "a copy (copy_, to, cpu)");
+  if (isPhantom(dst)) checkInsideStorage(dst, "a copy (copy_, to, cpu)");
   if (!isPhantom(src)) {
     copyHostToDevice(src.expand_as(dst), dst, non_blocking);
   } else if (!isPhantom(dst)) {

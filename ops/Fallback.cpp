@@ -27,6 +27,7 @@
 #include <phantom/Generator.h>
 #include <phantom/Stream.h>
 #include <phantom/SyncDebug.h>
+#include <phantom/ops/BoundsCheck.h>
 #include <phantom/ops/GenericPath.h>
 #include <phantom/ops/KernelAliases.h>
 #include <phantom/ops/KernelWarnings.h>
@@ -106,6 +107,7 @@ class DeviceChecker {
     }
     const c10::Device device = tensor.device();
     if (device.type() == c10::DeviceType::PrivateUse1) {
+      checkInsideStorage(tensor, op_.schema().name().c_str());
       if (!device_) {
         device_ = device;
       } else if (*device_ != device) {

@@ -1,5 +1,6 @@
 // See phantom/ops/KernelAliases.h.
 #include <phantom/Exception.h>
+#include <phantom/ops/BoundsCheck.h>
 #include <phantom/ops/KernelAliases.h>
 
 #include <ATen/ops/empty.h>
@@ -22,6 +23,9 @@ DeviceTensorRef::DeviceTensorRef(const at::Tensor& tensor)
       is_conj(tensor.is_conj()),
       is_neg(tensor.is_neg()) {
   TORCH_INTERNAL_ASSERT(tensor.device().type() == c10::DeviceType::PrivateUse1);
+  // Every queued kernel takes its tensors here, on the host: a view past
+  // its storage is refused before it reaches the device.
+  checkInsideStorage(tensor);
 }
 
 KernelAliases::Entry& KernelAliases::entryFor(const void* key,

@@ -9,6 +9,7 @@
 #include <phantom/Launch.h>
 #include <phantom/Stream.h>
 #include <phantom/SyncDebug.h>
+#include <phantom/ops/BoundsCheck.h>
 #include <phantom/ops/CpuAdmission.h>
 #include <phantom/ops/GenericPath.h>
 #include <phantom/ops/KernelAliases.h>
@@ -59,6 +60,7 @@ at::Scalar localScalarDense(const at::Tensor& self) {
               " elements cannot be converted to Scalar");
   noteHostWait("aten::_local_scalar_dense",
                ".item(), or a tensor read as a Python number or bool");
+  checkInsideStorage(self, "item()");
   const c10::DeviceGuard guard(self.device());
   at::Tensor host = at::empty({}, self.options().device(c10::kCPU));
   // A copy into pageable memory returns when the value has arrived, after

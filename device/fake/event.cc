@@ -19,15 +19,38 @@ void EventRecord::MarkTime() {
   time = std::chrono::steady_clock::now();
 }
 
-void EventRecord::MarkReached() {
+void EventRecord::MarkReached(ph_status_t failure_before,
+                              const std::string& failure_origin) {
   std::lock_guard<std::mutex> lock(mutex);
+  failure = failure_before;
+  if (failure_before != PH_SUCCESS) origin = failure_origin;
   reached = true;
   reached_changed.notify_all();
 }
 
-bool EventRecord::IsReached() {
+bool EventRecord::Reached(ph_status_t* out_failure, std::string* out_origin) {
   std::lock_guard<std::mutex> lock(mutex);
-  return reached.load();
+  if (!reached.load()) return false;
+  *out_failure = failure;
+  if (failure != PH_SUCCESS) *out_origin = origin;
+  return true;
+}
+
+std::string InheritedByWait(const EventRecord& record,
+                            const std::string& origin) {
+  return "this stream waited for an event recorded on phantom device " +
+         std::to_string(record.device) +
+         " after work that failed, so its work queued after that wait was "
+         "discarded (the failure is inherited through the event); the "
+         "original error: " +
+         origin;
+}
+
+std::string CarriedByEvent(const EventRecord& record,
+                           const std::string& origin) {
+  return "the event was recorded on phantom device " +
+         std::to_string(record.device) +
+         " after work that failed; the original error: " + origin;
 }
 
 void EventRecord::WaitReached() {

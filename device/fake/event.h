@@ -10,8 +10,14 @@
 // still works because it owns its record through a shared_ptr.
 //
 // Markers run even on a stream with a sticky error (otherwise every waiter
-// would hang); ph_event_synchronize then reports the recording stream's
-// sticky error.
+// would hang). A marker hands its record the recording stream's sticky
+// state at the marker's place in the queue (the failure of work before
+// it, hal.h's error model), so the record carries that failure, and only
+// that one, for as long as the record lives: a later failure of the
+// stream does not reach it, and destroying the stream does not clear it.
+// ph_event_query and ph_event_synchronize return it, and an event wait
+// makes its stream sticky with it (the messages below say how the failure
+// was inherited, then give the original one).
 //
 // Locking: Event::mutex guards `latest`; EventRecord::mutex guards its
 // fields and pairs with its condition variable.
@@ -23,6 +29,7 @@
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <string>
 
 #include "ipc.h"
 #include "phantom/hal.h"
@@ -35,14 +42,26 @@ struct EventRecord {
   std::condition_variable reached_changed;
   std::atomic<bool> reached{false};  // written under mutex; polled unlocked
   std::chrono::steady_clock::time_point time;
-  std::weak_ptr<Stream> stream;  // the recording stream
   Stream* stream_identity = nullptr;  // for "waiting for itself" checks
+  int device = -1;                    // of the recording stream
+  // The failure of the work before the marker (set with `reached`).
+  ph_status_t failure = PH_SUCCESS;
+  std::string origin;  // the original failure's message
 
-  void MarkTime();     // when the marker runs
-  void MarkReached();  // after the stream counted the marker complete
-  bool IsReached();
+  void MarkTime();  // when the marker runs
+  // After the stream counted the marker complete, with its sticky state.
+  void MarkReached(ph_status_t failure, const std::string& origin);
+  // False if not reached yet; else true, with the failure it carries.
+  bool Reached(ph_status_t* out_failure, std::string* out_origin);
   void WaitReached();
 };
+
+// The message of a stream that waited for a record carrying a failure, and
+// the message of an event query or synchronize that meets one.
+std::string InheritedByWait(const EventRecord& record,
+                            const std::string& origin);
+std::string CarriedByEvent(const EventRecord& record,
+                           const std::string& origin);
 
 struct Event {
   explicit Event(unsigned flags) : flags(flags) {}

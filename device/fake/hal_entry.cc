@@ -539,9 +539,14 @@ ph_status_t ph_stream_wait_event(ph_stream_t stream_handle,
     Task task;
     task.kind = TaskKind::kEventWait;
     task.name = "ph_stream_wait_event";
-    task.run = [record](char*, size_t) {
+    // Work after the wait depends on the work before the record: if that
+    // failed, this stream fails with it, here (hal.h's error model).
+    task.wait = [record](std::string* message, std::string* origin) {
       record->WaitReached();
-      return PH_SUCCESS;
+      ph_status_t failure = PH_SUCCESS;
+      record->Reached(&failure, origin);
+      if (failure != PH_SUCCESS) *message = InheritedByWait(*record, *origin);
+      return failure;
     };
     uint64_t generation = 0;
     return stream->Enqueue(std::move(task), false, &generation);
@@ -698,8 +703,8 @@ ph_status_t ph_event_record(ph_event_t event_handle,
     if (status != PH_SUCCESS) return status;
     if (event->shared) return event->shared->Record(event->shared, stream);
     auto record = std::make_shared<EventRecord>();
-    record->stream = stream;
     record->stream_identity = stream.get();
+    record->device = stream->device();
     Task task;
     task.kind = TaskKind::kEventMarker;
     task.name = "ph_event_record";
@@ -710,7 +715,10 @@ ph_status_t ph_event_record(ph_event_t event_handle,
       record->MarkTime();
       return PH_SUCCESS;
     };
-    task.on_complete = [record] { record->MarkReached(); };
+    task.on_complete = [record](ph_status_t failure,
+                                const std::string& origin) {
+      record->MarkReached(failure, origin);  // what came before the marker
+    };
     task.runs_when_sticky = true;
     // Publish under the event's lock so concurrent records of one event
     // leave `latest` pointing at whichever marker was queued last.
@@ -730,8 +738,12 @@ ph_status_t ph_event_query(ph_event_t handle) {
     if (found != PH_SUCCESS) return found;
     if (event->shared) return event->shared->Query();
     std::shared_ptr<EventRecord> record = event->Latest();
-    if (!record || record->IsReached()) return PH_SUCCESS;
-    return PH_NOT_READY;
+    if (!record) return PH_SUCCESS;
+    ph_status_t failure = PH_SUCCESS;
+    std::string origin;
+    if (!record->Reached(&failure, &origin)) return PH_NOT_READY;
+    if (failure == PH_SUCCESS) return PH_SUCCESS;
+    return Fail(failure, CarriedByEvent(*record, origin));
   });
 }
 
@@ -743,13 +755,17 @@ ph_status_t ph_event_synchronize(ph_event_t handle) {
     if (event->shared) return event->shared->Synchronize();
     std::shared_ptr<EventRecord> record = event->Latest();
     if (!record) return PH_SUCCESS;
-    if (!record->IsReached() && CurrentStream() == record->stream_identity) {
+    ph_status_t failure = PH_SUCCESS;
+    std::string origin;
+    if (!record->Reached(&failure, &origin) &&
+        CurrentStream() == record->stream_identity) {
       return WaitsForItself("ph_event_synchronize",
                             "the stream that recorded the event");
     }
     record->WaitReached();
-    std::shared_ptr<Stream> stream = record->stream.lock();
-    return stream ? stream->StickyStatus() : PH_SUCCESS;
+    record->Reached(&failure, &origin);
+    if (failure == PH_SUCCESS) return PH_SUCCESS;
+    return Fail(failure, CarriedByEvent(*record, origin));
   });
 }
 

@@ -139,6 +139,10 @@ void Stream::Execute(Task task) {
   const bool skip =
       sticky_status_.load(std::memory_order_acquire) != PH_SUCCESS &&
       !task.runs_when_sticky;
+  if (task.wait && !skip) {
+    ExecuteWait(std::move(task));
+    return;
+  }
   ph_status_t status = PH_SUCCESS;
   char error[kTaskErrorBytes] = "";
   if (!skip) {
@@ -147,7 +151,7 @@ void Stream::Execute(Task task) {
   }
   task.Release();
   const char* name = task.name != nullptr ? task.name : "(unnamed)";
-  std::function<void()> on_complete = std::move(task.on_complete);
+  auto on_complete = std::move(task.on_complete);
   task = Task{};  // destroy the closures before the task counts complete
 
   if (status == PH_SUCCESS && !on_complete) {
@@ -167,19 +171,46 @@ void Stream::Execute(Task task) {
               (error[0] != '\0' ? error : "(the work gave no message)");
   }
   std::lock_guard<std::mutex> lock(mutex_);
-  if (status != PH_SUCCESS &&
-      sticky_status_.load(std::memory_order_relaxed) == PH_SUCCESS) {
-    sticky_message_ = std::move(message);
-    sticky_status_.store(AsTaskError(status), std::memory_order_release);
+  if (status != PH_SUCCESS) {
+    std::string origin = message;
+    SetStickyLocked(AsTaskError(status), std::move(message), std::move(origin));
   }
   // Counting the task complete and its on_complete (an event becoming
   // reached) happen under one hold of the lock, and Query, Synchronize and
   // WaitForGeneration take the lock before they answer: a synchronize that
   // sees the count then finds the event reached, and whoever sees the
-  // event reached then finds the stream's count up to date.
+  // event reached then finds the stream's count up to date. The sticky
+  // state handed to on_complete is that of the work before the marker:
+  // only this stream's own tasks, run one at a time, change it.
   completed_.fetch_add(1, std::memory_order_seq_cst);
-  if (on_complete) on_complete();
+  if (on_complete) {
+    on_complete(sticky_status_.load(std::memory_order_relaxed),
+                sticky_origin_);
+  }
   NotifyWaitersLocked();
+}
+
+void Stream::ExecuteWait(Task task) {
+  std::string message;
+  std::string origin;
+  const ph_status_t failure = task.wait(&message, &origin);
+  task.Release();
+  task = Task{};
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (failure != PH_SUCCESS) {
+    SetStickyLocked(AsTaskError(failure), std::move(message),
+                    std::move(origin));
+  }
+  completed_.fetch_add(1, std::memory_order_seq_cst);
+  NotifyWaitersLocked();
+}
+
+void Stream::SetStickyLocked(ph_status_t status, std::string message,
+                             std::string origin) {
+  if (sticky_status_.load(std::memory_order_relaxed) != PH_SUCCESS) return;
+  sticky_message_ = std::move(message);
+  sticky_origin_ = std::move(origin);
+  sticky_status_.store(status, std::memory_order_release);
 }
 
 void Stream::NotifyWaitersLocked() {

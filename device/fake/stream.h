@@ -15,6 +15,15 @@
 // event markers, which still fire so nothing waiting on an event hangs),
 // and query, synchronize and every launch report the error. Only
 // ph_stream_destroy clears it (by discarding the stream).
+// A failure also travels along events (hal.h's error model): a marker
+// hands the stream's sticky state at its place in the queue to its event
+// record (on_complete), and an event wait whose record carries a failure
+// makes this stream sticky with it, at the wait's place (Task::wait). The
+// stream keeps the original failure's message apart from what it reports
+// (sticky_origin_), so a failure inherited through several streams is
+// still told as the original, with one "inherited" prefix, not one per
+// hop. Both are tasks of the locked slow path; launches and ordinary
+// tasks do not change.
 //
 // Threads: the worker marks itself with a thread-local "current stream",
 // which is how ph_kernel_address knows it runs inside work and how
@@ -102,8 +111,17 @@ struct Task {
   // Called as the task counts as completed, under the stream lock (so it
   // must be quick and must not call back into the stream): an event is
   // reached exactly when the stream's query and synchronize say the marker
-  // finished. Lock order: stream, then the event record's mutex.
-  std::function<void()> on_complete;
+  // finished. It receives the stream's sticky state at that point: the
+  // status (PH_SUCCESS if no earlier work failed) and the original
+  // failure's message. Lock order: stream, then the event record's mutex.
+  std::function<void(ph_status_t failure, const std::string& origin)>
+      on_complete;
+  // An event wait (TaskKind::kEventWait), run instead of `run`: blocks
+  // until the awaited point is reached and returns the failure it carries
+  // (PH_SUCCESS if none), with the message the stream then reports and the
+  // original failure's message. The failure is inherited, not this task's
+  // own, so its message is not wrapped in "work 'NAME' failed".
+  std::function<ph_status_t(std::string* message, std::string* origin)> wait;
 
   ph_status_t Run(char* error, size_t error_size) {
     if (run) return run(error, error_size);
@@ -194,6 +212,11 @@ class Stream {
   // Runs (or, on a sticky stream, skips) a task on the calling thread and
   // counts it complete; no lock is held on entry.
   void Execute(Task task);
+  // Execute for an event wait that is not skipped (Task::wait).
+  void ExecuteWait(Task task);
+  // Makes the stream sticky unless it already is; mutex_ held.
+  void SetStickyLocked(ph_status_t status, std::string message,
+                       std::string origin);
   // Wakes waiters whose generation has completed; mutex_ held.
   void NotifyWaitersLocked();
   ph_status_t StickyStatusLocked();
@@ -237,7 +260,8 @@ class Stream {
   // when the smallest is reached, not after every task: on a machine with
   // few cores, waking a waiter per task makes it compete with the worker.
   std::multiset<uint64_t> wait_targets_;
-  std::string sticky_message_;
+  std::string sticky_message_;  // what query, synchronize, launch report
+  std::string sticky_origin_;   // the original failure's message
   std::thread worker_;
   std::mutex join_mutex_;  // serialises Shutdown's join
 };

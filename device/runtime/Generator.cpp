@@ -36,7 +36,12 @@ void PhantomGeneratorImpl::queueDraw(const PhantomStream& stream,
   if (last_draw_ == nullptr) {
     PHANTOM_CHECK(ph_event_create(PH_EVENT_DISABLE_TIMING, &last_draw_));
   }
-  if (draws_pending_ && last_stream_ != handle) {
+  // Only a draw not yet reached needs waiting for. A reached one that
+  // failed is reported by its own stream; waiting on its record would make
+  // every later random op on another stream inherit that failure (hal.h's
+  // error model), even after the failure has been reported.
+  if (draws_pending_ && last_stream_ != handle &&
+      ph_event_query(last_draw_) == PH_NOT_READY) {
     PHANTOM_CHECK(ph_stream_wait_event(handle, last_draw_));
   }
   queue();

@@ -74,6 +74,22 @@ const char* whatOf(const std::exception& e) {
   return e.what();
 }
 
+// The failed work's sentence for the driver, which prefixes the op's name
+// and the device: `what`, then the stream as the user names it
+// (torch.phantom.Stream's repr). The driver knows its streams only by
+// handle, and a failure inherited through events is reported by other
+// streams, so the original message must say where the op ran. The
+// stream's part is kept whole when `what` is too long for the buffer.
+void describeFailure(char* error, size_t error_size, const char* what,
+                     const PhantomStream& stream) {
+  const std::string where = " (queued on " + stream.device().str() +
+                            " stream_id=" + std::to_string(stream.id()) + ")";
+  const size_t room =
+      error_size > where.size() + 1 ? error_size - where.size() - 1 : 0;
+  std::snprintf(error, error_size, "%.*s%s", static_cast<int>(room), what,
+                where.c_str());
+}
+
 struct AsyncWork {
   std::function<void()> work;
   PhantomStream stream;
@@ -88,9 +104,9 @@ struct AsyncWork {
       state->work();
       return PH_SUCCESS;
     } catch (const std::exception& e) {
-      std::snprintf(error, error_size, "%s", whatOf(e));
+      describeFailure(error, error_size, whatOf(e), state->stream);
     } catch (...) {
-      std::snprintf(error, error_size, "unknown exception");
+      describeFailure(error, error_size, "unknown exception", state->stream);
     }
     return PH_ERROR_DEVICE;
   }

@@ -1,7 +1,9 @@
 // Tests of the fake driver's own machinery, below what hal.h promises:
 // environment parsing, the offset allocator, the two-mapping memory model,
 // the fault handler, page release, huge pages, the launch queue's overflow, the
-// copy channels, the activity meters and process exit with live streams.
+// copy channels, the activity meters, process exit with live streams, and
+// how a failure travels along events (its messages, and random graphs run
+// from several threads, which the TSan build checks for races).
 // Links the driver's objects directly, so private headers are fair game.
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -14,6 +16,8 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <memory>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -624,6 +628,159 @@ TEST(ActivitySample, CoversAtLeastAPeriodAndTwoQueriesAgree) {
 
 TEST(ExitDeathTest, ExitWithLiveBusyStreamsDoesNotHang) {
   EXPECT_EXIT(ExitWithBusyStreams(), ::testing::ExitedWithCode(0), "");
+}
+
+/* ---- Failures travel along events -------------------------------------- */
+
+ph_status_t RunFailing(void* user_data, char* error, size_t error_size) {
+  std::snprintf(error, error_size, "%s", static_cast<const char*>(user_data));
+  return PH_ERROR_DEVICE;
+}
+
+size_t Count(const std::string& text, const std::string& needle) {
+  size_t count = 0;
+  for (size_t at = text.find(needle); at != std::string::npos;
+       at = text.find(needle, at + 1)) {
+    ++count;
+  }
+  return count;
+}
+
+// A -> B -> C over two devices: C's message says through which device's
+// event it inherited, then gives A's message whole, with one "inherited"
+// however many hops there were.
+TEST(ErrorPropagation, InheritedMessagesSayHowAndKeepTheOriginalOnce) {
+  ph_stream_t a = nullptr, b = nullptr, c = nullptr;
+  ph_event_t after_a = nullptr, after_b = nullptr;
+  ASSERT_PH_OK(ph_stream_create(0, 0, &a));
+  ASSERT_PH_OK(ph_stream_create(1, 0, &b));
+  ASSERT_PH_OK(ph_stream_create(0, 0, &c));
+  ASSERT_PH_OK(ph_event_create(PH_EVENT_DEFAULT, &after_a));
+  ASSERT_PH_OK(ph_event_create(PH_EVENT_DEFAULT, &after_b));
+  static char sentence[] = "index 7 is out of bounds";
+  const ph_host_task_t failing{"aten::index", RunFailing, nullptr, sentence};
+  ASSERT_PH_OK(ph_launch_host_func(a, &failing));
+  ASSERT_PH_OK(ph_event_record(after_a, a));
+  ASSERT_PH_OK(ph_stream_wait_event(b, after_a));
+  ASSERT_PH_OK(ph_event_record(after_b, b));
+  ASSERT_PH_OK(ph_stream_wait_event(c, after_b));
+  const std::string original =
+      "work 'aten::index' failed on phantom device 0: index 7 is out of bounds";
+  ASSERT_EQ(ph_stream_synchronize(a), PH_ERROR_DEVICE);
+  EXPECT_EQ(std::string(ph_last_error_message()), original);
+  ASSERT_EQ(ph_stream_synchronize(c), PH_ERROR_DEVICE);
+  const std::string inherited = ph_last_error_message();
+  EXPECT_EQ(inherited.rfind("this stream waited for an event recorded on "
+                            "phantom device 1 after work that failed",
+                            0),
+            0u)
+      << inherited;
+  EXPECT_EQ(Count(inherited, "inherited"), 1u) << inherited;
+  EXPECT_EQ(Count(inherited, original), 1u) << inherited;
+  EXPECT_EQ(inherited.substr(inherited.size() - original.size()), original);
+  ASSERT_EQ(ph_event_query(after_b), PH_ERROR_DEVICE);
+  EXPECT_EQ(std::string(ph_last_error_message()),
+            "the event was recorded on phantom device 1 after work that "
+            "failed; the original error: " + original);
+  for (ph_event_t event : {after_a, after_b}) ph_event_destroy(event);
+  for (ph_stream_t stream : {a, b, c}) ph_stream_destroy(stream);
+}
+
+// Random graphs of streams, failing and good tasks, records and waits, run
+// by several threads at once, against a model: a stream fails exactly when
+// work of its own failed or it waited on a record made after a failure,
+// and an event reports exactly the failure before its record. The TSan
+// build runs it for races between markers, waits and records.
+struct GraphModel {
+  std::vector<ph_stream_t> streams;
+  std::vector<bool> doomed;
+  std::vector<ph_event_t> events;
+  std::vector<int> recorded_doom;  // -1 never recorded, 0 good, 1 failed
+};
+
+void RunRandomGraph(uint32_t seed, std::string* failure) {
+  std::mt19937 random(seed);
+  static char sentence[] = "injected";
+  const ph_host_task_t failing{"graph_op", RunFailing, nullptr, sentence};
+  const ph_host_task_t good{"graph_good", [](void*, char*, size_t) {
+                              return PH_SUCCESS;
+                            },
+                            nullptr, nullptr};
+  GraphModel model;
+  for (int i = 0; i < 4; ++i) {
+    ph_stream_t stream = nullptr;
+    if (ph_stream_create(i % 2, 0, &stream) != PH_SUCCESS) {
+      *failure = ph_last_error_message();
+      return;
+    }
+    model.streams.push_back(stream);
+    model.doomed.push_back(false);
+    ph_event_t event = nullptr;
+    ph_event_create(PH_EVENT_DISABLE_TIMING, &event);
+    model.events.push_back(event);
+    model.recorded_doom.push_back(-1);
+  }
+  for (int step = 0; step < 40; ++step) {
+    const size_t s = random() % model.streams.size();
+    const size_t e = random() % model.events.size();
+    switch (random() % 6) {
+      case 0:
+        if (random() % 4 == 0) {
+          ph_launch_host_func(model.streams[s], &failing);
+          model.doomed[s] = true;
+        }
+        break;
+      case 1:
+      case 2:
+        ph_launch_host_func(model.streams[s], &good);
+        break;
+      case 3:
+      case 4:
+        ph_event_record(model.events[e], model.streams[s]);
+        model.recorded_doom[e] = model.doomed[s] ? 1 : 0;
+        break;
+      case 5:
+        ph_stream_wait_event(model.streams[s], model.events[e]);
+        if (model.recorded_doom[e] == 1) model.doomed[s] = true;
+        break;
+    }
+  }
+  for (size_t i = 0; i < model.streams.size() && failure->empty(); ++i) {
+    const ph_status_t status = ph_stream_synchronize(model.streams[i]);
+    if (status != (model.doomed[i] ? PH_ERROR_DEVICE : PH_SUCCESS)) {
+      *failure = "seed " + std::to_string(seed) + ": stream " +
+                 std::to_string(i) + " gave " + ph_status_name(status);
+    }
+  }
+  for (size_t i = 0; i < model.events.size() && failure->empty(); ++i) {
+    const ph_status_t status = ph_event_synchronize(model.events[i]);
+    const ph_status_t expected =
+        model.recorded_doom[i] == 1 ? PH_ERROR_DEVICE : PH_SUCCESS;
+    if (status != expected) {
+      *failure = "seed " + std::to_string(seed) + ": event " +
+                 std::to_string(i) + " gave " + ph_status_name(status);
+    }
+  }
+  for (ph_event_t event : model.events) ph_event_destroy(event);
+  for (ph_stream_t stream : model.streams) ph_stream_destroy(stream);
+}
+
+TEST(ErrorPropagation, RandomGraphsFromSeveralThreadsMatchTheModel) {
+  const uint32_t base = std::random_device{}();
+  std::vector<std::string> failures(4);
+  std::vector<std::thread> threads;
+  for (size_t t = 0; t < failures.size(); ++t) {
+    threads.emplace_back([&, t] {
+      for (uint32_t round = 0; round < 25 && failures[t].empty(); ++round) {
+        RunRandomGraph(base + static_cast<uint32_t>(t * 1000 + round),
+                       &failures[t]);
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  for (const auto& failure : failures) {
+    EXPECT_TRUE(failure.empty()) << failure << " (base seed " << base << ")";
+  }
 }
 
 /* ---- Regressions found by the HAL fuzzer (tests/fuzz) ------------------ */

@@ -22,10 +22,12 @@
 //  - data: every buffer has a host shadow of its first kWindow bytes, and
 //    a read-back (after synchronizing the stream that last touched it)
 //    must match every byte the model knows;
-//  - streams: a stream made sticky by a failing task reports exactly that
-//    status on synchronize, an event recorded on a stream is reached once
-//    that stream has been synchronized, ph_event_elapsed_time of two reached
-//    records on one stream is >= 0;
+//  - streams: a stream made sticky by a failing task, or by a wait on an
+//    event recorded after such a failure (hal.h's error model), reports
+//    exactly that status on synchronize; an event reports exactly the
+//    failure of the work before its record once reached; an event recorded
+//    on a stream is reached once that stream has been synchronized;
+//    ph_event_elapsed_time of two reached records on one stream is >= 0;
 //  - host tasks: every task given to ph_launch_host_func (or run and
 //    waited for with ph_run_host_func) is released exactly
 //    once, runs at most once and before its release, and runs unless its
@@ -146,7 +148,8 @@ struct StreamModel {
   ph_stream_t handle = nullptr;
   int device = 0;
   // The status the stream becomes sticky with: that of the first failing
-  // task queued on it (PH_SUCCESS while none was).
+  // task queued on it, or of the failure carried by the first event it
+  // waited on after one (PH_SUCCESS while neither was).
   ph_status_t doom = PH_SUCCESS;
   uint64_t records = 0;  // event records queued on it, for ordering
 };
@@ -158,6 +161,8 @@ struct EventModel {
   StreamRef recorded_on;   // stream of the latest record, if any
   uint64_t record_seq = 0; // its position among that stream's records
   bool reached = false;    // latest record known to be reached
+  // The failure the latest record carries: its stream's doom when recorded.
+  ph_status_t doom = PH_SUCCESS;
 };
 
 enum class BufferKind { kDevice, kPinned, kPageable };
@@ -415,10 +420,10 @@ void Program::StreamSynchronized(const StreamRef& stream) {
     // hal.h: synchronize waits for all queued work, and the record is work
     // queued on the stream, so the event has been reached.
     const ph_status_t status = ph_event_query(event->handle);
-    if (status != PH_SUCCESS) {
+    if (status != event->doom) {
       Violation("ph_event_query after ph_stream_synchronize of the stream "
-                "that recorded the event returned %s, not PH_SUCCESS",
-                ph_status_name(status));
+                "that recorded the event returned %s, not %s",
+                ph_status_name(status), ph_status_name(event->doom));
     }
     event->reached = true;
   }
@@ -1033,20 +1038,30 @@ void Program::StreamWaitEvent(Input& in) {
   const ph_stream_t stream_handle = PickStreamHandle(in, &stream);
   EventModel* event = nullptr;
   ph_event_t event_handle = PickEventHandle(in, &event);
-  bool foreign = false;
   if (worker_ && in.U8() % 3 == 0 && !foreign_events_.empty()) {
-    event_handle = foreign_events_[in.Below(foreign_events_.size())];
-    foreign = true;
+    // The other thread's event may carry a failure this model cannot know,
+    // so the wait goes on a scratch stream, destroyed (with whatever it
+    // inherited) once the wait has completed.
+    ph_stream_t scratch = nullptr;
+    Expect("ph_stream_create", ph_stream_create(0, 0, &scratch), {PH_SUCCESS});
+    Expect("ph_stream_wait_event on the other thread's event",
+           ph_stream_wait_event(
+               scratch, foreign_events_[in.Below(foreign_events_.size())]),
+           {PH_SUCCESS, PH_ERROR_INVALID_HANDLE});
+    Expect("ph_stream_destroy", ph_stream_destroy(scratch), {PH_SUCCESS});
+    return;
   }
   const ph_status_t status = ph_stream_wait_event(stream_handle, event_handle);
-  if (!stream || (!event && !foreign)) {
+  if (!stream || !event) {
     Expect("ph_stream_wait_event with a bad handle", status,
            {PH_ERROR_INVALID_HANDLE});
-  } else if (foreign) {
-    Expect("ph_stream_wait_event on the other thread's event", status,
-           {PH_SUCCESS, PH_ERROR_INVALID_HANDLE});
-  } else {
-    Expect("ph_stream_wait_event", status, {PH_SUCCESS});
+    return;
+  }
+  Expect("ph_stream_wait_event", status, {PH_SUCCESS});
+  // hal.h: the work queued after the wait fails with what the record
+  // carries.
+  if (event->recorded_on && stream->doom == PH_SUCCESS) {
+    stream->doom = event->doom;
   }
 }
 
@@ -1106,13 +1121,16 @@ void Program::EventRecord(Input& in) {
   event->recorded_on = stream;
   event->record_seq = ++stream->records;
   event->reached = false;
+  event->doom = stream->doom;
 }
 
 void Program::EventQuery(Input& in) {
   if (worker_ && in.U8() % 4 == 0 && !foreign_events_.empty()) {
     Expect("ph_event_query of the other thread's event",
            ph_event_query(foreign_events_[in.Below(foreign_events_.size())]),
-           {PH_SUCCESS, PH_NOT_READY, PH_ERROR_INVALID_HANDLE});
+           {PH_SUCCESS, PH_NOT_READY, PH_ERROR_INVALID_HANDLE,
+            PH_ERROR_INVALID_ARGUMENT, PH_ERROR_OUT_OF_MEMORY,
+            PH_ERROR_DEVICE, PH_ERROR_UNIMPLEMENTED});
     return;
   }
   EventModel* event = nullptr;
@@ -1121,10 +1139,10 @@ void Program::EventQuery(Input& in) {
   if (!event) {
     Expect("ph_event_query of a bad handle", status, {PH_ERROR_INVALID_HANDLE});
   } else if (event->reached) {
-    Expect("ph_event_query of a reached event", status, {PH_SUCCESS});
+    Expect("ph_event_query of a reached event", status, {event->doom});
   } else {
-    Expect("ph_event_query", status, {PH_SUCCESS, PH_NOT_READY});
-    if (status == PH_SUCCESS) event->reached = true;
+    Expect("ph_event_query", status, {event->doom, PH_NOT_READY});
+    if (status == event->doom) event->reached = true;
   }
 }
 
@@ -1137,12 +1155,11 @@ void Program::EventSync(Input& in) {
            {PH_ERROR_INVALID_HANDLE});
     return;
   }
-  const ph_status_t doom =
-      event->recorded_on ? event->recorded_on->doom : PH_SUCCESS;
-  Expect("ph_event_synchronize", status, {PH_SUCCESS, doom});
+  // Exactly the failure before the record, not one queued after it.
+  Expect("ph_event_synchronize", status, {event->doom});
   event->reached = true;
   Expect("ph_event_query after ph_event_synchronize",
-         ph_event_query(handle), {PH_SUCCESS});
+         ph_event_query(handle), {event->doom});
 }
 
 void Program::EventElapsed(Input& in) {

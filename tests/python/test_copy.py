@@ -9,6 +9,7 @@ to pinned memory. The CPU's own ``copy_`` is the oracle throughout.
 
 import pytest
 import torch
+from torch_phantom import _C
 
 from conftest import assert_case_passed, run_cases_forked
 
@@ -316,14 +317,22 @@ def test_non_blocking_device_to_pinned_host():
 
 def test_non_blocking_round_trip_source_freed_early():
     # The source of a non_blocking copy may be dropped by the caller right
-    # after the call; the device must still receive the right bytes.
+    # after the call; the device must still receive the right bytes, even
+    # when the host asks for a pinned block of that size again before the
+    # copy has run (the stream is held, so it has not).
     expected = torch.randn(1 << 16)
     x = torch.empty(1 << 16, device="phantom")
+    torch.phantom.synchronize()
     pinned = expected.pin_memory()
+    stream = torch.phantom.current_stream()
+    _C._sleep_on_stream(stream.device_index, stream.stream_id, 300)
     x.copy_(pinned, non_blocking=True)
     del pinned
+    reused = torch.full((1 << 16,), -1.0).pin_memory()  # the freed block, if it were free
+    assert not stream.query(), "the copy ran before the block could be reused"
     torch.phantom.synchronize()
     assert_equal(x.cpu(), expected)
+    del reused
 
 
 def test_blocking_copy_from_pinned_is_complete_on_return():

@@ -3,14 +3,14 @@ goes on working afterwards.
 
 Covers device indices out of range, ops mixing devices, requests beyond a
 device's capacity (``torch.OutOfMemoryError``), errors raised inside a
-kernel, and an invalid driver configuration (which must not break
-``import torch_phantom``).
+kernel, views that reach past their storage, and an invalid driver
+configuration (which must not break ``import torch_phantom``).
 """
 
 import pytest
 import torch
 
-from conftest import run_python
+from conftest import assert_case_passed, run_cases_forked, run_python
 
 
 def assert_device_works(device="phantom"):
@@ -48,9 +48,9 @@ def test_set_device_out_of_range():
 
 def test_negative_device_index():
     # torch.device itself rejects negative indices ...
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError, match="Device index must not be negative"):
         torch.device("phantom", -2)
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError, match="Invalid device string: 'phantom:-1'"):
         torch.device("phantom:-1")
     # ... and, as torch.cuda.set_device, a negative int selects nothing.
     torch.phantom.set_device(-1)
@@ -151,7 +151,7 @@ import pytest, torch, torch_phantom
 assert torch.phantom.mem_get_info()[1] == 1 << 30
 before = torch.phantom.memory_allocated()
 chunks = []
-with pytest.raises(torch.OutOfMemoryError):
+with pytest.raises(torch.OutOfMemoryError, match="tried to allocate 256.00 MiB"):
     for _ in range(5):
         chunks.append(torch.empty(256 << 20, dtype=torch.uint8, device="phantom"))
 assert 1 <= len(chunks) < 5, len(chunks)
@@ -223,9 +223,9 @@ def test_shape_errors_are_ordinary_exceptions():
     a = torch.ones(3, device="phantom")
     with pytest.raises(RuntimeError, match="size"):
         a + torch.ones(4, device="phantom")
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError, match=r"mat1 and mat2 shapes cannot be multiplied \(2x3 and 2x3\)"):
         torch.mm(torch.ones(2, 3, device="phantom"), torch.ones(2, 3, device="phantom"))
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError, match=r"shape '\[2, 2\]' is invalid for input of size 3"):
         a.view(2, 2)
     assert_device_works()
 
@@ -233,9 +233,75 @@ def test_shape_errors_are_ordinary_exceptions():
 def test_error_on_device_1_leaves_device_usable(two_devices):
     x = torch.randn(5, device="phantom:1")
     raises_now_or_at_next_sync(
-        lambda: x.index_select(0, torch.tensor([9], device="phantom:1")), "")
+        lambda: x.index_select(0, torch.tensor([9], device="phantom:1")),
+        "index out of range in self")
     torch.phantom.synchronize(1)
     assert_device_works("phantom:1")
+
+
+# --------------------------------------------------------------------------
+# A view past its storage
+# --------------------------------------------------------------------------
+
+# Each case shrinks a storage under a view, then hands the view to one kind
+# of work (a native kernel, the generic path, a copy, item(), a fill, a
+# foreach kernel): the call must raise, in the user's terms, and the
+# process go on. Each runs in a process of its own: without the check the
+# worker dereferenced a null kernel address and the process died.
+VIEW_PAST_STORAGE = {
+    "native_add": "(v + 1).cpu()",
+    "generic_cumsum": "torch.cumsum(v, 0)",
+    "copy_to_host": "v.cpu()",
+    "copy_from_host": "v.copy_(torch.ones(16))",
+    "copy_on_device": "torch.empty(16, device='phantom').copy_(v)",
+    "copy_across_devices": "v.to('phantom:1') if torch.phantom.device_count() > 1 else v.cpu()",
+    "item": "last.item()",
+    "fill": "v.fill_(2.0)",
+    "foreach": "torch._foreach_add_([v], 1.0)",
+    "in_place_on_a_slice": "tail.mul_(2.0)",
+}
+
+_VIEW_PRELUDE = """
+import re, torch
+a = torch.arange(16.0, device="phantom")
+v, tail, last = a[:], a[4:], a[15]  # views made before the storage shrinks
+torch.phantom.synchronize()
+a.untyped_storage().resize_({nbytes})
+"""
+
+_VIEW_CHECK = r"""
+try:
+    {call}
+except RuntimeError as error:
+    message = str(error)
+    assert re.search(r"needs bytes \[\d+, 64\) of its storage .*but its storage has "
+                     r"{nbytes} bytes; was the storage resized under a view", message), message
+    assert "Exception raised from" not in message, message
+else:
+    raise AssertionError("no error")
+x = torch.arange(4.0, device="phantom")
+torch.testing.assert_close((x * 2).cpu(), torch.arange(4.0) * 2)
+torch.phantom.synchronize()
+"""
+
+
+@pytest.mark.parametrize("nbytes", [0, 32])
+def test_a_view_past_its_storage_is_refused_at_the_call(nbytes):
+    cases = {name: (_VIEW_PRELUDE + _VIEW_CHECK).format(nbytes=nbytes, call=call)
+             for name, call in VIEW_PAST_STORAGE.items()}
+    results = run_cases_forked(cases)
+    for name in cases:
+        assert_case_passed(results, name)
+
+
+def test_a_view_inside_a_shrunk_storage_still_works():
+    a = torch.arange(16.0, device="phantom")
+    head = a[:4]
+    torch.phantom.synchronize()
+    a.untyped_storage().resize_(16)  # four floats: what head needs
+    torch.testing.assert_close((head + 1).cpu(), torch.arange(4.0) + 1)
+    empty = a[16:]  # needs no bytes
+    assert (empty + 1).cpu().numel() == 0
 
 
 # --------------------------------------------------------------------------

@@ -117,7 +117,7 @@ def test_inject_context_disarms_what_did_not_fire_and_restores_latency():
         assert faults.latency_us() == 5
     assert faults.armed() == {"allocation": None, "kernel": None}
     assert faults.latency_us() == 0
-    with pytest.raises(torch.OutOfMemoryError):
+    with pytest.raises(torch.OutOfMemoryError, match=r"Injected.*fail_allocation\(1\)"):
         with faults.inject(allocation=1):
             torch.empty(10, device="phantom")
 

@@ -67,5 +67,6 @@ def test_numpy_of_phantom_tensor_is_refused():
     # The supported path is .cpu().numpy(); .numpy() must not hand out a
     # host view of device memory.
     x = torch.ones(3, device="phantom")
-    with pytest.raises((TypeError, RuntimeError)):
+    with pytest.raises(TypeError, match=r"can't convert phantom:0 device type tensor to numpy\. "
+                                         r"Use Tensor\.cpu\(\)"):
         x.numpy()

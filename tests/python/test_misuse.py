@@ -131,6 +131,13 @@ def failed_kernel_behind_busy_stream():
     return failed_kernel(behind_ms=300)
 
 
+def op_on_a_view_past_its_shrunk_storage():
+    a = ones(n=16)
+    view = a[:]
+    a.untyped_storage().resize_(0)
+    (view + 1).cpu()
+
+
 def item_after_failed_kernel():
     x = failed_kernel_behind_busy_stream()
     x.sum().item()
@@ -338,6 +345,9 @@ CASES = [
     Case("as_strided_past_the_storage", lambda: ones().as_strided((10,), (1,)),
          RuntimeError, r"requiring a storage size of 40 are out of bounds for "
                        r"storage of size 12"),
+    Case("op_on_a_view_past_its_shrunk_storage", op_on_a_view_past_its_shrunk_storage,
+         RuntimeError, r"needs bytes \[0, 64\) of its storage .*but its storage has 0 bytes; "
+                       r"was the storage resized under a view"),
     Case("view_of_incompatible_shape", lambda: ones().view(2, 2), RuntimeError,
          r"shape '\[2, 2\]' is invalid for input of size 3"),
     Case("item_of_many_elements", lambda: ones().item(), RuntimeError,
@@ -426,14 +436,12 @@ def test_storage_of_negative_size():
 
 def test_a_failure_refused_at_launch_is_reported_once():
     x = torch.randn(5, device="phantom")
-    failing = P.current_stream()
     failed_kernel()
-    done = failing.record_event()
-    # Wait for the failure to have happened without reporting it: another
-    # stream's wait on an event behind it completes once it has run.
-    observer = P.Stream()
-    observer.wait_event(done)
-    observer.synchronize()
+    done = P.current_stream().record_event()
+    # Wait for the failure to have happened without reporting it: an event
+    # recorded after it carries it, and does not reset the stream.
+    raised, message = _outcome(done.synchronize)
+    assert raised is torch.AcceleratorError and "aten::index" in message, message
     raised, message = _outcome(lambda: x + 1)  # refused: the stream is sticky
     assert raised is torch.AcceleratorError and "aten::index" in message, message
     raised, message = _outcome(P.synchronize)

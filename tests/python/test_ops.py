@@ -218,8 +218,10 @@ for (n, p_cpu), (_, p) in zip(m_cpu.named_parameters(), m.named_parameters()):
 x = torch.ones(8, device="phantom")
 try:
     torch._fused_dropout(x, 0.5)  # has CUDA kernels only
-except (NotImplementedError, RuntimeError):
-    pass
+except NotImplementedError as error:
+    assert "aten::_fused_dropout has no phantom kernel, and no CPU kernel" in str(error), error
+else:
+    raise AssertionError("_fused_dropout ran on phantom without a kernel")
 assert (x * 2).sum().item() == 16
 """
     return run_cases_forked(cases)
@@ -497,7 +499,8 @@ def test_device_generators_are_independent(two_devices):
 
 def test_generator_of_wrong_device_is_rejected():
     g = torch.Generator().manual_seed(0)
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError, match="expected a generator of device phantom:0 but got one "
+                                           "of device cpu"):
         torch.randn(3, device="phantom", generator=g)
     # and the device still works afterwards
     assert torch.randn(3, device="phantom").shape == (3,)

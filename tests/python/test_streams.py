@@ -363,7 +363,7 @@ def test_elapsed_time_errors():
     untimed.synchronize()
     with pytest.raises(RuntimeError, match="enable_timing"):
         start.elapsed_time(untimed)
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="expected end_event to be a torch.Event, got Stream"):
         start.elapsed_time(s)
 
 
@@ -402,7 +402,7 @@ def test_cpu_streams_and_devices_are_rejected():
         P.Event().record(cpu_stream)
     with pytest.raises(ValueError, match="phantom"):
         P.current_stream("cpu")
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="expected a phantom stream .*, got str"):
         P.stream("phantom:0")
 
 
@@ -441,7 +441,7 @@ def test_stream_context_on_another_device_switches_device(two_devices):
 
 def test_stream_context_restores_on_exception(two_devices):
     s1 = P.Stream(1)
-    with pytest.raises(KeyError):
+    with pytest.raises(KeyError, match="boom"):
         with s1:
             assert P.current_device() == 1
             raise KeyError("boom")

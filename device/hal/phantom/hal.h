@@ -19,9 +19,33 @@
  *    detect it; it never crashes the driver.
  *  - Device memory is not host-addressable: a device pointer may be passed
  *    to the functions below, but host code must not dereference it.
- *  - Errors raised by queued work are sticky on their stream: the launch
- *    call that queued the work returned PH_SUCCESS, and the error is
- *    reported by every later query, synchronize or launch on that stream.
+ *  - Device errors (the error model). Queued work that fails (a host task
+ *    returning an error) makes its stream *sticky*: the launch that queued
+ *    it returned PH_SUCCESS; the failure's status and a message naming the
+ *    failed work and its device are returned by every later query,
+ *    synchronize, launch, copy and fill on that stream; work queued behind
+ *    it is released without running (event records still mark their
+ *    point). A failure reaches exactly the work that depends on it:
+ *      - an event recorded after failed work carries the failure, as it
+ *        was at the record's place in the queue, to ph_event_query (once
+ *        reached), ph_event_synchronize and ph_stream_wait_event, until the
+ *        event is recorded again (destroying the recording stream does not
+ *        clear it); a record made before the failure carries nothing;
+ *      - a stream that waits on a record carrying a failure becomes sticky
+ *        with it at the wait's place in its queue: its work queued before
+ *        the wait runs, its work queued after does not, and it reports the
+ *        original status, with a message that says the failure was
+ *        inherited through an event and then gives the original message.
+ *        So a failure travels along every chain of waits, across streams
+ *        and devices, and whatever ran after such a wait (a kernel, a copy
+ *        to another device or to the host) reports it instead of
+ *        succeeding on data that was never computed;
+ *      - work on streams that never waited, directly or through other
+ *        streams, on a record after the failure is not affected.
+ *    ph_device_synchronize returns the first sticky error among the
+ *    device's streams. ph_stream_destroy discards a stream's sticky error
+ *    and a new stream starts clean: after reporting an error, a program
+ *    goes on with fresh streams (and re-records the events it reuses).
  *  - Unless stated otherwise every function is thread-safe.
  *
  * Optional entry points are marked OPTIONAL; a driver that does not provide
@@ -117,7 +141,8 @@ PH_API ph_status_t ph_device_get_properties(int device,
                                             ph_device_properties_t* out_props);
 
 /* Blocks until all work queued on every stream of `device` has finished.
- * Returns the first sticky error among the device's streams, if any.
+ * Returns the first sticky error among the device's streams, if any,
+ * inherited ones included (see "Device errors" above).
  * PH_ERROR_INVALID_ARGUMENT if called from work running on a stream of the
  * same device (it would wait for itself). */
 PH_API ph_status_t ph_device_synchronize(int device);
@@ -247,18 +272,21 @@ PH_API ph_status_t ph_stream_create(int device, int priority,
                                     ph_stream_t* out_stream);
 
 /* Waits for the stream's queued work to finish, then destroys it. A sticky
- * error on the stream is discarded. PH_ERROR_INVALID_HANDLE for an unknown
+ * error on the stream is discarded; events recorded on the stream keep the
+ * failure they carry. PH_ERROR_INVALID_HANDLE for an unknown
  * handle; PH_ERROR_INVALID_ARGUMENT if called from work on that stream. */
 PH_API ph_status_t ph_stream_destroy(ph_stream_t stream);
 
 /* PH_SUCCESS if every piece of work queued so far has finished,
  * PH_NOT_READY if some is queued or still running, or the stream's
- * sticky error. Never blocks. */
+ * sticky error (its own work's, or inherited through an event wait).
+ * Never blocks. */
 PH_API ph_status_t ph_stream_query(ph_stream_t stream);
 
 /* Blocks until all work queued so far has finished. Returns PH_SUCCESS or
- * the stream's sticky error. PH_ERROR_INVALID_ARGUMENT if called from work
- * running on the same stream. */
+ * the stream's sticky error (its own work's, or inherited through an event
+ * wait). PH_ERROR_INVALID_ARGUMENT if called from work running on the same
+ * stream. */
 PH_API ph_status_t ph_stream_synchronize(ph_stream_t stream);
 
 PH_API ph_status_t ph_stream_get_device(ph_stream_t stream, int* out_device);
@@ -268,7 +296,10 @@ PH_API ph_status_t ph_stream_get_priority(ph_stream_t stream, int* out_priority)
  * `event` marked when it was last recorded *before this call* has been
  * reached; a later re-record of the event does not affect this wait.
  * An event never recorded imposes no wait. The event may belong to another
- * device. */
+ * device. If that record carries a failure, `stream` becomes sticky with it
+ * once the wait is reached in its queue, and work queued after the wait
+ * does not run ("Device errors" above); the call itself returns
+ * PH_SUCCESS, also on a stream that is already sticky. */
 PH_API ph_status_t ph_stream_wait_event(ph_stream_t stream, ph_event_t event);
 
 /* Host work queued on a stream. `run` executes on the stream's worker, in
@@ -338,11 +369,16 @@ PH_API ph_status_t ph_memcpy(void* dst, const void* src, size_t size,
 /* Queues a copy on `stream`, after the stream's earlier work. When the host
  * side is pinned (or the copy is device to device) the call returns at once.
  * When the host side is pageable, the call blocks until the copy is done,
- * as a DMA engine cannot read pageable memory after the call returns. */
+ * as a DMA engine cannot read pageable memory after the call returns.
+ * On a sticky stream the call returns the sticky error and copies nothing;
+ * a blocking copy that was skipped because the stream became sticky while
+ * it waited (its own earlier work failed, or a wait inherited a failure)
+ * returns that error and leaves the destination untouched. */
 PH_API ph_status_t ph_memcpy_async(void* dst, const void* src, size_t size,
                                    ph_memcpy_kind_t kind, ph_stream_t stream);
 
-/* Queues a fill of `size` bytes of device memory with the byte `value`. */
+/* Queues a fill of `size` bytes of device memory with the byte `value`.
+ * On a sticky stream the call returns the sticky error. */
 PH_API ph_status_t ph_memset_async(void* dst, int value, size_t size,
                                    ph_stream_t stream);
 
@@ -362,15 +398,18 @@ PH_API ph_status_t ph_event_create(unsigned flags, ph_event_t* out_event);
 PH_API ph_status_t ph_event_destroy(ph_event_t event);
 
 /* Marks the current end of `stream`'s queue. Each record starts a new
- * generation; queries and waits refer to the latest record at their call. */
+ * generation; queries and waits refer to the latest record at their call.
+ * Accepted on a sticky stream: the record then carries that failure. */
 PH_API ph_status_t ph_event_record(ph_event_t event, ph_stream_t stream);
 
 /* PH_SUCCESS if the recorded point has been reached (or the event was never
- * recorded), else PH_NOT_READY. Never blocks. */
+ * recorded), PH_NOT_READY if not yet, or, once reached, the failure of work
+ * before the point ("Device errors" above). Never blocks. */
 PH_API ph_status_t ph_event_query(ph_event_t event);
 
 /* Blocks until the recorded point has been reached. Returns PH_SUCCESS or
- * the sticky error of the recording stream. */
+ * the failure the record carries: that of work before the point on the
+ * recording stream (its own, or inherited), not of work queued after it. */
 PH_API ph_status_t ph_event_synchronize(ph_event_t event);
 
 /* Milliseconds between two reached records. PH_ERROR_INVALID_ARGUMENT if

@@ -18,12 +18,16 @@
 // it alive while torch uses it, and an error in its work is reported at
 // every sync until the owner replaces it.
 //
-// Errors: work that fails makes its driver stream sticky (hal.h). The
-// runtime reports that error once, from the query or synchronize that
-// finds it, naming the failed work, and then replaces the driver stream
-// behind the id, so the process goes on and the next work on that stream
-// runs normally. Work queued behind the failure was discarded, as on a GPU
-// after an asynchronous error.
+// Errors: work that fails makes its driver stream sticky, and so does a
+// wait on an event recorded after failed work (hal.h's error model,
+// docs/streams.md). The runtime reports a stream's error once, from the
+// query, synchronize, copy or launch that finds it (the driver's message
+// names the failed work; the runtime's work adds the stream it was queued
+// on, Launch.cpp), and then replaces the driver stream behind the id, so
+// the process goes on and the next work on that stream runs normally.
+// Work queued behind the failure was discarded, as on a GPU after an
+// asynchronous error. Each stream that inherited the failure reports it
+// once in the same way; events keep it until recorded again.
 #pragma once
 
 #include <phantom/hal.h>
