@@ -22,6 +22,7 @@ from . import device_module as _device_module
 from . import memory as _memory
 from . import faults  # noqa: F401  (also torch.phantom.faults)
 from . import _exit  # noqa: F401  (releases autograd's graph tasks at exit)
+from . import distributed  # noqa: F401  (registers the "pccl" c10d backend)
 
 __all__ = ["BACKEND_NAME", "faults", "ops_report", "reset_ops_report"]
 __version__ = "0.1.0"
