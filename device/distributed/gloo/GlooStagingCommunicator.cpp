@@ -88,10 +88,23 @@ size_t alignUp(size_t n) {
 }
 
 std::string messageOf(const std::exception& e) {
+  std::string message = e.what();
   if (const auto* error = dynamic_cast<const c10::Error*>(&e)) {
-    return error->what_without_backtrace();
+    message = error->what_without_backtrace();
   }
-  return e.what();
+  // Gloo's sentences start with its source location and end with advice
+  // to read the peer's logs; the peer is named after them instead.
+  if (!message.empty() && message[0] == '[') {
+    const size_t close = message.find("] ");
+    if (close != std::string::npos) {
+      message.erase(0, close + 2);
+    }
+  }
+  const size_t advice = message.find(" This is typically caused by");
+  if (advice != std::string::npos) {
+    message.erase(advice);
+  }
+  return message;
 }
 
 c10d::ReduceOp toC10d(ReduceOp op) {
@@ -177,9 +190,11 @@ class GlooStagingCommunicator final : public ccl::Communicator {
  public:
   explicit GlooStagingCommunicator(GlooStagingConfig config)
       : config_(std::move(config)),
-        data_(config_.data),
-        control_(config_.control),
+        data_(std::move(config_.data)),
+        control_(std::move(config_.control)),
         diagnosis_(config_.store->clone(), config_.rank, config_.size) {
+    // data_ and control_ hold the only references: breaking the
+    // communicator must destroy the backends to close their connections.
     TORCH_CHECK(data_ && control_, "the Gloo staging communicator needs two CPU backends");
     thread_ = std::thread([this] { serve(); });
   }
@@ -730,7 +745,10 @@ class GlooStagingCommunicator final : public ccl::Communicator {
     job.progressed.notify_all();
   }
 
-  void fail(Job& job, Cause cause, const std::string& reason) {
+  void fail(Job& job, Cause cause, std::string reason) {
+    while (!reason.empty() && (reason.back() == '.' || reason.back() == ' ')) {
+      reason.pop_back();
+    }
     const std::string on_rank = " on rank " + std::to_string(config_.rank);
     std::string message =
         cause == Cause::Broken

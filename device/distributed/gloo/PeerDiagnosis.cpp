@@ -1,6 +1,8 @@
 // See PeerDiagnosis.h.
 #include "PeerDiagnosis.h"
 
+#include <c10/util/Exception.h>
+
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -132,13 +134,12 @@ std::string PeerDiagnosis::processState(int peer) {
   }
   const long pid = std::atol(process->c_str() + newline + 1);
   const char state = localProcessState(pid);
+  const std::string pid_text = " (pid " + std::to_string(pid) + ")";
   if (state == 0 || state == 'Z' || state == 'X') {
-    return "rank " + std::to_string(peer) + " (pid " + std::to_string(pid) +
-           ") has exited";
+    return pid_text + " has exited";
   }
   if (state == 'T' || state == 't') {
-    return "rank " + std::to_string(peer) + " (pid " + std::to_string(pid) +
-           ") is stopped";
+    return pid_text + " is stopped";
   }
   return "";
 }
@@ -160,32 +161,40 @@ std::string PeerDiagnosis::explain(uint64_t collective,
       if (p == rank_ || (peer && *peer != p)) {
         continue;
       }
-      std::string state = processState(p);
-      if (!state.empty()) {
-        findings.push_back(std::move(state));
+      const std::string who = "rank " + std::to_string(p);
+      const std::string state = processState(p);
+      if (peer) {  // point-to-point: progress counts collectives only
+        if (!state.empty()) {
+          findings.push_back(who + state);
+        }
         continue;
-      }
-      if (peer) {
-        continue;  // point-to-point: progress counts collectives only
       }
       const std::optional<std::string> progress = read(progressKey(p));
       const uint64_t reached =
           progress ? std::strtoull(progress->c_str(), nullptr, 10) : 0;
-      if (reached < collective) {
-        std::string finding = "rank " + std::to_string(p) +
-                              " has not called it (its last collective is #" +
-                              std::to_string(reached);
+      if (!state.empty()) {
+        findings.push_back(who + state +
+                           (reached < collective ? " before calling it"
+                                                 : " after calling it"));
+      } else if (reached < collective) {
         const size_t newline = progress ? progress->find('\n') : std::string::npos;
-        if (newline != std::string::npos && newline + 1 < progress->size()) {
-          finding += ", " + progress->substr(newline + 1);
-        }
-        findings.push_back(finding + ")");
+        const bool named = newline != std::string::npos && newline + 1 < progress->size();
+        findings.push_back(
+            who + " has not called it (" +
+            (named ? "its last collective is " + progress->substr(newline + 1)
+                   : std::string("it has called no collective")) +
+            ")");
       }
     }
+  } catch (const c10::Error& e) {
+    findings.push_back(
+        std::string("the group's store could not be read to find the peer "
+                    "at fault (the process hosting it may have exited): ") +
+        e.what_without_backtrace());
   } catch (const std::exception& e) {
     findings.push_back(
         std::string("the group's store could not be read to find the peer "
-                    "at fault (its host may have exited): ") +
+                    "at fault (the process hosting it may have exited): ") +
         e.what());
   }
   if (findings.empty()) {

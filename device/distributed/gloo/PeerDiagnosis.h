@@ -55,6 +55,7 @@ class PeerDiagnosis {
  private:
   void publishLoop();
   std::optional<std::string> read(const std::string& key);
+  // " (pid N) has exited" / " is stopped" for a peer on this host, else "".
   std::string processState(int peer);
 
   c10::intrusive_ptr<c10d::Store> store_;
