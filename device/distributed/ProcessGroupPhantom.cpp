@@ -136,7 +136,7 @@ ProcessGroupPhantom::ProcessGroupPhantom(
     std::string group_name, std::unique_ptr<ccl::Communicator> communicator)
     : c10d::Backend(rank, size),
       group_name_(std::move(group_name)),
-      options_(c10::make_intrusive<Options>(kBackendName, timeout)),
+      options_(c10::make_intrusive<PcclOptions>(timeout)),
       communicator_(std::move(communicator)) {
   TORCH_CHECK(communicator_ && communicator_->rank() == rank &&
                   communicator_->size() == size,
@@ -235,6 +235,24 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPhantom::issue(Call& call) {
                                           std::move(completion),
                                           std::move(call.outputs),
                                           call.host_blocking_wait);
+}
+
+c10::intrusive_ptr<c10d::Backend> ProcessGroupPhantom::split(
+    const c10::intrusive_ptr<c10d::Store>& store, const std::vector<int>& ranks,
+    const c10::intrusive_ptr<Options>& opts) {
+  std::lock_guard<std::mutex> lock(call_mutex_);
+  throwIfBroken("split_group");
+  std::unique_ptr<ccl::Communicator> communicator =
+      communicator_->split(ranks, store, opts->group_name);
+  if (!communicator) {
+    return nullptr;  // this rank is not in `ranks`
+  }
+  const int rank = communicator->rank();
+  const int size = communicator->size();
+  auto group = c10::make_intrusive<ProcessGroupPhantom>(
+      rank, size, opts->timeout, opts->group_name, std::move(communicator));
+  group->setBoundDeviceId(bound_device_id_);
+  return group;
 }
 
 void ProcessGroupPhantom::startCoalescing() {

@@ -15,23 +15,67 @@
 namespace py = pybind11;
 
 using phantom::distributed::ProcessGroupPhantom;
+using phantom::gloo_staging::GlooStagingConfig;
+using phantom::gloo_staging::MakeCpuBackends;
+
+namespace {
+
+// The Python function that makes a group's two Gloo backends
+// (torch_phantom.distributed._make_gloo_backends). Kept for the life of
+// the process on purpose: a communicator may be destroyed, or split,
+// after the interpreter has begun to shut down, when a py::object could
+// no longer be released.
+py::object* gloo_factory = nullptr;
+
+MakeCpuBackends makeCpuBackends() {
+  TORCH_CHECK(gloo_factory != nullptr,
+              "torch_phantom._c10d: _set_gloo_factory() was not called");
+  return [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+            std::chrono::milliseconds timeout) {
+    py::gil_scoped_acquire gil;
+    py::tuple backends = (*gloo_factory)(store, rank, size, timeout);
+    return std::make_pair(backends[0].cast<c10::intrusive_ptr<c10d::Backend>>(),
+                          backends[1].cast<c10::intrusive_ptr<c10d::Backend>>());
+  };
+}
+
+}  // namespace
 
 PYBIND11_MODULE(_c10d, m) {
   m.doc() = "pccl, the c10d backend for phantom tensors (private; see "
             "torch_phantom.distributed)";
 
-  py::class_<ProcessGroupPhantom, c10d::Backend,
-             c10::intrusive_ptr<ProcessGroupPhantom>>(m, "ProcessGroupPhantom");
+  auto group =
+      py::class_<ProcessGroupPhantom, c10d::Backend,
+                 c10::intrusive_ptr<ProcessGroupPhantom>>(m, "ProcessGroupPhantom")
+          // torch.distributed.split_group deep-copies a parent's options.
+          .def_property_readonly("options", &ProcessGroupPhantom::options);
+  using PcclOptions = ProcessGroupPhantom::PcclOptions;
+  py::class_<PcclOptions, c10d::Backend::Options, c10::intrusive_ptr<PcclOptions>>(
+      group, "Options")
+      .def("__copy__", [](const PcclOptions& self) {
+        return c10::make_intrusive<PcclOptions>(self);
+      })
+      .def("__deepcopy__", [](const PcclOptions& self, const py::dict&) {
+        return c10::make_intrusive<PcclOptions>(self);
+      });
+
+  m.def("_set_gloo_factory", [](py::function factory) {
+    if (gloo_factory == nullptr) {
+      gloo_factory = new py::object(std::move(factory));
+    } else {
+      *gloo_factory = std::move(factory);
+    }
+  });
 
   m.def(
       "_new_group",
       [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-         std::chrono::milliseconds timeout, const std::string& group_name,
-         const c10::intrusive_ptr<c10d::Backend>& data,
-         const c10::intrusive_ptr<c10d::Backend>& control) {
-        phantom::gloo_staging::GlooStagingConfig config;
-        config.data = data;
-        config.control = control;
+         std::chrono::milliseconds timeout, const std::string& group_name) {
+        GlooStagingConfig config;
+        config.make_backends = makeCpuBackends();
+        std::tie(config.data, config.control) =
+            config.make_backends(store, rank, size, timeout);
         config.store = store;
         config.rank = rank;
         config.size = size;
@@ -42,6 +86,5 @@ PYBIND11_MODULE(_c10d, m) {
             phantom::gloo_staging::makeGlooStagingCommunicator(std::move(config)));
       },
       py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
-      py::arg("group_name"), py::arg("data"), py::arg("control"),
-      py::call_guard<py::gil_scoped_release>());
+      py::arg("group_name"), py::call_guard<py::gil_scoped_release>());
 }

@@ -31,12 +31,22 @@ __all__ = ["C10D_BACKEND_NAME"]
 C10D_BACKEND_NAME = "pccl"
 
 
+def _make_gloo_backends(store, rank, size, timeout):
+    """A group's two Gloo process groups over its store: one for the staged
+    data, one for the agreement check. Called from C++ when a group is made
+    and when it is split (a DeviceMesh over a group bound to a device)."""
+    import torch.distributed as dist
+
+    return (
+        dist.ProcessGroupGloo(dist.PrefixStore("pccl/data/", store), rank, size, timeout),
+        dist.ProcessGroupGloo(dist.PrefixStore("pccl/control/", store), rank, size, timeout),
+    )
+
+
 def _create_backend(options, backend_options):
     """The creator torch.distributed calls for every new group
     (``extended_api=True``: ``options`` is a
     ``torch._C._distributed_c10d._DistributedBackendOptions``)."""
-    import torch.distributed as dist
-
     from . import _c10d
 
     if backend_options is not None:
@@ -45,14 +55,10 @@ def _create_backend(options, backend_options):
             f"(got {backend_options!r}); set the timeout with "
             f"init_process_group(timeout=...)"
         )
-    store = options.store
-    rank, size, timeout = options.group_rank, options.group_size, options.timeout
-    data = dist.ProcessGroupGloo(dist.PrefixStore("pccl/data/", store), rank, size, timeout)
-    control = dist.ProcessGroupGloo(
-        dist.PrefixStore("pccl/control/", store), rank, size, timeout
-    )
+    _c10d._set_gloo_factory(_make_gloo_backends)
     return _c10d._new_group(
-        store, rank, size, timeout, str(options.group_id), data, control
+        options.store, options.group_rank, options.group_size, options.timeout,
+        str(options.group_id),
     )
 
 

@@ -43,6 +43,7 @@
 #include <deque>
 #include <sstream>
 #include <thread>
+#include <tuple>
 
 namespace phantom::gloo_staging {
 
@@ -401,6 +402,27 @@ class GlooStagingCommunicator final : public ccl::Communicator {
 
   void abort(const std::string& reason) override {
     breakCommunicator(reason);
+  }
+
+  std::unique_ptr<ccl::Communicator> split(
+      const std::vector<int>& ranks, const c10::intrusive_ptr<c10d::Store>& store,
+      const std::string& name) override {
+    const auto me = std::find(ranks.begin(), ranks.end(), config_.rank);
+    if (me == ranks.end()) {
+      return nullptr;
+    }
+    TORCH_CHECK(config_.make_backends, "this Gloo staging communicator cannot split: "
+                "it was made without a way to make Gloo backends");
+    GlooStagingConfig config;
+    config.make_backends = config_.make_backends;
+    config.store = store;
+    config.rank = static_cast<int>(me - ranks.begin());
+    config.size = static_cast<int>(ranks.size());
+    config.timeout = config_.timeout;
+    config.group_name = name;
+    std::tie(config.data, config.control) =
+        config_.make_backends(store, config.rank, config.size, config.timeout);
+    return std::make_unique<GlooStagingCommunicator>(std::move(config));
   }
 
  private:

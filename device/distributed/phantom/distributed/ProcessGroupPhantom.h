@@ -43,6 +43,12 @@ constexpr const char* kBackendName = "pccl";
 
 class ProcessGroupPhantom final : public c10d::Backend {
  public:
+  // The timeout and group name; no settings of pccl's own.
+  struct PcclOptions : c10d::Backend::Options {
+    explicit PcclOptions(std::chrono::milliseconds timeout)
+        : c10d::Backend::Options(kBackendName, timeout) {}
+  };
+
   ProcessGroupPhantom(int rank, int size, std::chrono::milliseconds timeout,
                       std::string group_name,
                       std::unique_ptr<ccl::Communicator> communicator);
@@ -51,6 +57,10 @@ class ProcessGroupPhantom final : public c10d::Backend {
   const std::string getBackendName() const override { return kBackendName; }
   c10::intrusive_ptr<Options> getBackendOptions() override { return options_; }
   bool supportsCoalescing() const override { return true; }
+  bool supportsSplitting() const override { return true; }
+  c10::intrusive_ptr<c10d::Backend> split(
+      const c10::intrusive_ptr<c10d::Store>& store, const std::vector<int>& ranks,
+      const c10::intrusive_ptr<Options>& opts) override;
   void startCoalescing() override;
   c10::intrusive_ptr<c10d::Work> endCoalescing() override;
 
@@ -105,6 +115,8 @@ class ProcessGroupPhantom final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> alltoall(
       std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
       const c10d::AllToAllOptions& opts = {}) override;
+  c10::intrusive_ptr<PcclOptions> options() const { return options_; }
+
   c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors,
                                       int dst_rank, int tag) override;
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors,
@@ -128,7 +140,7 @@ class ProcessGroupPhantom final : public c10d::Backend {
   void throwIfBroken(const char* op);
 
   const std::string group_name_;
-  c10::intrusive_ptr<Options> options_;
+  c10::intrusive_ptr<PcclOptions> options_;
   std::shared_ptr<GroupHealth> health_ = std::make_shared<GroupHealth>();
   std::mutex call_mutex_;  // calls reach the library one at a time
   std::unique_ptr<ccl::Communicator> communicator_;

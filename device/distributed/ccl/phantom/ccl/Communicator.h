@@ -41,8 +41,10 @@
 #include <phantom/Stream.h>
 
 #include <c10/core/ScalarType.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -111,6 +113,17 @@ class Communicator {
 
   virtual void groupStart() = 0;
   virtual void groupEnd() = 0;
+
+  // A communicator over `ranks` (this communicator's numbers, sorted), or
+  // nullptr if this rank is not among them: what ncclCommSplit gives, for
+  // torch.distributed's split_group (a DeviceMesh over a group bound to a
+  // device). Every member calls it with the same `ranks`; `store` is the
+  // new group's, for any rendezvous it needs. A library that cannot split
+  // throws.
+  virtual std::unique_ptr<Communicator> split(
+      const std::vector<int>& ranks,
+      const c10::intrusive_ptr<c10d::Store>& store,
+      const std::string& name) = 0;
 
   // Breaks the communicator on purpose (ProcessGroup abort/shutdown): later
   // collectives fail with `reason`. Safe from any thread.

@@ -20,12 +20,22 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 
 namespace phantom::gloo_staging {
 
+// Makes the two CPU backends of a group over `store` (the Python side:
+// torch.distributed.ProcessGroupGloo): at creation and for each split.
+using MakeCpuBackends = std::function<
+    std::pair<c10::intrusive_ptr<c10d::Backend>, c10::intrusive_ptr<c10d::Backend>>(
+        const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+        std::chrono::milliseconds timeout)>;
+
 struct GlooStagingConfig {
+  MakeCpuBackends make_backends;
   c10::intrusive_ptr<c10d::Backend> data;     // CPU backend for the data
   c10::intrusive_ptr<c10d::Backend> control;  // CPU backend for agreement
   // The group's store: each rank records its process and its progress
