@@ -14,7 +14,7 @@ import pytest
 from distributed_harness import FULL, check_named, run_group
 
 DDP_CHECKS = ["mlp", "cnn", "transformer", "dlrm", "small_buckets_as_views", "no_sync",
-              "find_unused_parameters"]
+              "find_unused_parameters", "runtime_stats"]
 
 
 @pytest.fixture(scope="module", params=[2, 3] if FULL else [2], ids=lambda w: f"world{w}")

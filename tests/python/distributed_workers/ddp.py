@@ -78,7 +78,7 @@ class WithUnusedHead(nn.Module):
         return self.body(x)
 
 
-def run(name, make_model=None, micro_batches=1, **ddp_options):
+def run(name, make_model=None, micro_batches=1, timing=None, **ddp_options):
     spec = train_models.MODELS[name]
     make_model = make_model or spec.make_model
     torch.manual_seed(0)
@@ -117,6 +117,8 @@ def run(name, make_model=None, micro_batches=1, **ddp_options):
         spec.loss(reference(*whole.inputs), whole.target).backward()
         ref_opt.step()
 
+    if timing is not None:
+        timing.update(ddp._get_ddp_logging_data())
     trained = {k: v.detach().cpu() for k, v in ddp.module.state_dict().items()}
     for key, expected in reference.state_dict().items():
         got = trained[key]
@@ -134,5 +136,18 @@ checks.run("small_buckets_as_views", lambda: run(
 checks.run("no_sync", lambda: run("mlp", micro_batches=2))
 checks.run("find_unused_parameters", lambda: run(
     "mlp", make_model=WithUnusedHead, find_unused_parameters=True))
+
+
+def check_runtime_stats():
+    # DDP times sampled iterations with the device's Timer (phantom's:
+    # device events), from the second iteration on.
+    logged = {}
+    run("mlp", timing=logged)
+    for key in ("avg_forward_compute_time", "avg_backward_compute_time",
+                "avg_backward_comm_time"):
+        assert logged.get(key, 0) > 0, f"{key} = {logged.get(key)}"
+
+
+checks.run("runtime_stats", check_runtime_stats)
 checks.report(memory_allocated=torch.phantom.memory_allocated(DEV))
 dist.destroy_process_group()
