@@ -6,7 +6,6 @@
 #include <phantom/Stream.h>
 
 #include <c10/core/DeviceGuard.h>
-#include <c10/core/StreamGuard.h>
 #include <c10/util/Exception.h>
 
 #include <functional>
@@ -17,15 +16,29 @@ namespace phantom::distributed {
 using ccl::DeviceBuffer;
 using ccl::ReduceOp;
 
+// One collective being issued, in three phases (issue()): `before` runs
+// with the caller's stream current, ahead of the point the collective is
+// ordered after (input staging of list forms, a gather's own block);
+// `body` makes the library calls; `after` queues work on the communication
+// stream behind the collective (output staging). Device scratch comes from
+// scratch(): allocated on the caller's stream, kept for the communication
+// stream, so it is reused only once the collective is over.
 struct ProcessGroupPhantom::Call {
   c10d::OpType type;
   const char* name;                  // "all_reduce", as torch.distributed names it
   std::vector<at::Tensor> used;      // kept alive for the communication stream
   std::vector<at::Tensor> outputs;   // the Work's result
   std::optional<c10::Device> device;
-  // The library calls, made with the communication stream current.
   std::function<void(const PhantomStream& comm)> body;
   bool host_blocking_wait = false;
+  std::function<void(const PhantomStream& waiting)> before = nullptr;
+  std::function<void(const PhantomStream& comm)> after = nullptr;
+  std::vector<c10::DataPtr> scratch_buffers = {};
+
+  void* scratch(size_t bytes) {
+    scratch_buffers.push_back(deviceAllocator().allocate(std::max<size_t>(bytes, 1)));
+    return scratch_buffers.back().get();
+  }
 };
 
 namespace {
@@ -70,13 +83,6 @@ DeviceBuffer bufferAt(void* data, int64_t count, c10::ScalarType dtype) {
 
 size_t bytesOf(const at::Tensor& t) {
   return t.numel() * t.element_size();
-}
-
-// Device memory for list forms, from the caching allocator while the
-// communication stream is current: the block belongs to that stream, so
-// it is reused only by later work there, after this collective.
-c10::DataPtr temporary(size_t bytes) {
-  return deviceAllocator().allocate(std::max<size_t>(bytes, 1));
 }
 
 void copyOn(const PhantomStream& stream, void* dst, const void* src,
@@ -191,28 +197,28 @@ void ProcessGroupPhantom::throwIfBroken(const char* op) {
 c10::intrusive_ptr<c10d::Work> ProcessGroupPhantom::issue(Call& call) {
   std::lock_guard<std::mutex> lock(call_mutex_);
   throwIfBroken(call.name);
+  TORCH_CHECK(!(coalescing_ && call.after), "pccl ", call.name,
+              " cannot be part of a coalesced group (its outputs are copied "
+              "after the collective); call it outside the group");
   TORCH_INTERNAL_ASSERT(call.device.has_value());
   const c10::DeviceIndex index = call.device->index();
   c10::DeviceGuard device_guard(*call.device);
-  const PhantomStream waiting = getCurrentPhantomStream(index);
   const PhantomStream& comm = commStream(index);
-  if (waiting != comm) {
-    // After the work already queued on the caller's stream.
-    ph_event_t queued = nullptr;
-    PHANTOM_CHECK(ph_event_create(PH_EVENT_DISABLE_TIMING, &queued));
-    const ph_status_t recorded = ph_event_record(queued, waiting.handle());
-    const ph_status_t waited =
-        recorded == PH_SUCCESS ? ph_stream_wait_event(comm.handle(), queued)
-                               : recorded;
-    (void)ph_event_destroy(queued);
-    PHANTOM_CHECK(waited);
+  const PhantomStream waiting = getCurrentPhantomStream(index);
+  if (call.before) {
+    call.before(waiting);
   }
+  // After the work already queued on the caller's stream.
+  communicator_->orderAfter(waiting, comm);
   for (const at::Tensor& t : call.used) {
     deviceAllocator().recordStream(t.storage().data_ptr(), comm.unwrap());
   }
-  {
-    c10::StreamGuard on_comm(comm.unwrap());
-    call.body(comm);
+  call.body(comm);
+  if (call.after) {
+    call.after(comm);
+  }
+  for (const c10::DataPtr& buffer : call.scratch_buffers) {
+    deviceAllocator().recordStream(buffer, comm.unwrap());
   }
   const uint64_t sequence = ++sequence_;
   if (coalescing_) {
@@ -404,24 +410,23 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPhantom::allgather(
   }
   std::vector<at::Tensor> used = outs;
   used.push_back(input);
+  const int64_t total = input.numel() * size_;
+  void* flat = nullptr;  // the gathered blocks, when the outputs are apart
   Call call{c10d::OpType::ALLGATHER, name, used, outs, input.device(),
             [&](const PhantomStream& comm) {
-              const int64_t total = input.numel() * size_;
-              if (consecutive(outs)) {
-                communicator_->allGather(
-                    bufferOf(input),
-                    bufferAt(outs[0].data_ptr(), total, input.scalar_type()), comm);
-                return;
-              }
-              c10::DataPtr flat = temporary(bytesOf(input) * size_);
+              flat = consecutive(outs) ? outs[0].data_ptr()
+                                       : call.scratch(bytesOf(input) * size_);
               communicator_->allGather(
-                  bufferOf(input), bufferAt(flat.get(), total, input.scalar_type()),
-                  comm);
-              for (int p = 0; p < size_; ++p) {
-                copyOn(comm, outs[p].data_ptr(),
-                       at_offset(flat.get(), p * bytesOf(input)), bytesOf(input));
-              }
+                  bufferOf(input), bufferAt(flat, total, input.scalar_type()), comm);
             }};
+  if (!consecutive(outs)) {
+    call.after = [&](const PhantomStream& comm) {
+      for (int p = 0; p < size_; ++p) {
+        copyOn(comm, outs[p].data_ptr(), at_offset(flat, p * bytesOf(input)),
+               bytesOf(input));
+      }
+    };
+  }
   return issue(call);
 }
 
@@ -502,24 +507,22 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPhantom::reduce_scatter(
               ccl::reduceOpName(op));
   std::vector<at::Tensor> used = ins;
   used.push_back(output);
+  const int64_t total = output.numel() * size_;
+  const size_t block = bytesOf(output);
+  void* flat = consecutive(ins) ? ins[0].data_ptr() : nullptr;
   Call call{c10d::OpType::REDUCE_SCATTER, name, used, {output}, output.device(),
             [&](const PhantomStream& comm) {
-              const int64_t total = output.numel() * size_;
-              const size_t block = bytesOf(output);
-              if (consecutive(ins)) {
-                communicator_->reduceScatter(
-                    bufferAt(ins[0].data_ptr(), total, output.scalar_type()),
-                    bufferOf(output), op, comm);
-                return;
-              }
-              c10::DataPtr flat = temporary(block * size_);
-              for (int p = 0; p < size_; ++p) {
-                copyOn(comm, at_offset(flat.get(), p * block), ins[p].const_data_ptr(), block);
-              }
-              communicator_->reduceScatter(
-                  bufferAt(flat.get(), total, output.scalar_type()),
-                  bufferOf(output), op, comm);
+              communicator_->reduceScatter(bufferAt(flat, total, output.scalar_type()),
+                                           bufferOf(output), op, comm);
             }};
+  if (flat == nullptr) {  // the blocks are apart: one flat input first
+    call.before = [&](const PhantomStream& waiting) {
+      flat = call.scratch(block * size_);
+      for (int p = 0; p < size_; ++p) {
+        copyOn(waiting, at_offset(flat, p * block), ins[p].const_data_ptr(), block);
+      }
+    };
+  }
   return issue(call);
 }
 
@@ -637,28 +640,33 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPhantom::alltoall(
   }
   std::vector<at::Tensor> used = inputs;
   used.insert(used.end(), outputs.begin(), outputs.end());
+  const c10::ScalarType dtype = inputs[0].scalar_type();
+  const size_t es = c10::elementSize(dtype);
+  const int64_t sent = std::accumulate(send_counts.begin(), send_counts.end(), int64_t{0});
+  const int64_t received = std::accumulate(recv_counts.begin(), recv_counts.end(), int64_t{0});
+  void* in = nullptr;
+  void* out = nullptr;
   Call call{c10d::OpType::ALLTOALL, name, used, outputs, inputs[0].device(),
             [&](const PhantomStream& comm) {
-              const c10::ScalarType dtype = inputs[0].scalar_type();
-              const size_t es = c10::elementSize(dtype);
-              const int64_t sent = std::accumulate(send_counts.begin(), send_counts.end(), int64_t{0});
-              const int64_t received = std::accumulate(recv_counts.begin(), recv_counts.end(), int64_t{0});
-              c10::DataPtr in = temporary(sent * es);
-              c10::DataPtr out = temporary(received * es);
-              size_t offset = 0;
-              for (const at::Tensor& t : inputs) {
-                copyOn(comm, at_offset(in.get(), offset), t.const_data_ptr(), bytesOf(t));
-                offset += bytesOf(t);
-              }
-              communicator_->allToAll(bufferAt(in.get(), sent, dtype), send_counts,
-                                      bufferAt(out.get(), received, dtype),
-                                      recv_counts, comm);
-              offset = 0;
-              for (const at::Tensor& t : outputs) {
-                copyOn(comm, t.data_ptr(), at_offset(out.get(), offset), bytesOf(t));
-                offset += bytesOf(t);
-              }
+              communicator_->allToAll(bufferAt(in, sent, dtype), send_counts,
+                                      bufferAt(out, received, dtype), recv_counts, comm);
             }};
+  call.before = [&](const PhantomStream& waiting) {
+    in = call.scratch(sent * es);
+    out = call.scratch(received * es);
+    size_t offset = 0;
+    for (const at::Tensor& t : inputs) {
+      copyOn(waiting, at_offset(in, offset), t.const_data_ptr(), bytesOf(t));
+      offset += bytesOf(t);
+    }
+  };
+  call.after = [&](const PhantomStream& comm) {
+    size_t offset = 0;
+    for (const at::Tensor& t : outputs) {
+      copyOn(comm, t.data_ptr(), at_offset(out, offset), bytesOf(t));
+      offset += bytesOf(t);
+    }
+  };
   return issue(call);
 }
 
@@ -693,9 +701,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPhantom::gather(
               communicator_->groupStart();
               if (is_root) {
                 for (int p = 0; p < size_; ++p) {
-                  if (p == rank_) {
-                    copyOn(comm, outs[p].data_ptr(), input.const_data_ptr(), bytesOf(input));
-                  } else {
+                  if (p != rank_) {
                     communicator_->recv(bufferOf(outs[p]), p, comm);
                   }
                 }
@@ -704,6 +710,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPhantom::gather(
               }
               communicator_->groupEnd();
             }};
+  if (is_root) {  // the root's own block, in the caller's stream order
+    call.before = [&](const PhantomStream& waiting) {
+      copyOn(waiting, outs[rank_].data_ptr(), input.const_data_ptr(), bytesOf(input));
+    };
+  }
   return issue(call);
 }
 
@@ -738,9 +749,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPhantom::scatter(
               communicator_->groupStart();
               if (is_root) {
                 for (int p = 0; p < size_; ++p) {
-                  if (p == rank_) {
-                    copyOn(comm, output.data_ptr(), ins[p].const_data_ptr(), bytesOf(output));
-                  } else {
+                  if (p != rank_) {
                     communicator_->send(bufferOf(ins[p]), p, comm);
                   }
                 }
@@ -749,6 +758,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPhantom::scatter(
               }
               communicator_->groupEnd();
             }};
+  if (is_root) {  // the root's own block, in the caller's stream order
+    call.before = [&](const PhantomStream& waiting) {
+      copyOn(waiting, output.data_ptr(), ins[rank_].const_data_ptr(), bytesOf(output));
+    };
+  }
   return issue(call);
 }
 
@@ -799,9 +813,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPhantom::barrier(
   }
   Call call{c10d::OpType::BARRIER, "barrier", {}, {}, device,
             [&](const PhantomStream& comm) {
-              c10::DataPtr token = temporary(1);
-              communicator_->allReduce(bufferAt(token.get(), 1, c10::kByte),
-                                       bufferAt(token.get(), 1, c10::kByte),
+              void* token = call.scratch(1);
+              communicator_->allReduce(bufferAt(token, 1, c10::kByte),
+                                       bufferAt(token, 1, c10::kByte),
                                        ReduceOp::Max, comm);
             },
             /*host_blocking_wait=*/true};

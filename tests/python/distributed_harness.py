@@ -80,6 +80,7 @@ def run_group(worker, world, timeout=180, args=(), env=None, expect_success=True
     base_env.update(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
+        SPARE_PORT=str(free_port()),  # for a worker that needs a second store
         WORLD_SIZE=str(world),
         PYTHONUNBUFFERED="1",
     )

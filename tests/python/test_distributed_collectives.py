@@ -67,6 +67,7 @@ SEMANTICS = [
     "wait_does_not_block_the_host",
     "ordered_after_queued_work",
     "side_stream",
+    "list_forms_after_queued_work",
     "refusals",
 ]
 

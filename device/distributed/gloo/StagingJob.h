@@ -2,14 +2,17 @@
 // group of calls between groupStart and groupEnd), cut into steps.
 //
 // A step copies some device ranges into pinned host memory, exchanges that
-// memory with Gloo, and copies some ranges back. The calling thread queues
-// every step's device-to-host copies on the stream (each step's followed by
-// an event), then, per step, a task that waits for that step's exchange and
-// the step's host-to-device copies. The communicator's thread waits for a
-// step's event, runs its exchange, and releases the waiting task. So while
-// Gloo exchanges step s, the stream copies step s+1 in and step s-1 out:
-// a large all-reduce is cut into chunks that overlap the two copies with
-// the network instead of running three passes one after the other.
+// memory with Gloo, and copies some ranges back. The communicator's thread
+// runs the steps as a pipeline: while Gloo's threads exchange step s, it
+// copies step s+1 in and step s-1 out, so a large all-reduce costs about
+// its exchanges, not three passes one after the other (and each chunk is
+// still in cache when Gloo reduces it).
+//
+// The job's stream only holds one task, which waits for the whole job: the
+// stream's later work (the caller's wait, the completion record) is
+// ordered after the collective, while the copies and the exchange run on
+// the communicator's thread, which starts the job as soon as the events
+// the job was ordered after (orderAfter) have been reached.
 #pragma once
 
 #include <phantom/ccl/Communicator.h>
@@ -84,7 +87,9 @@ struct Job {
   size_t host_bytes = 0;
   c10::DataPtr pinned;
   PhantomStream stream;
-  std::vector<ph_event_t> staged;  // per step: its device-to-host copies done
+  // Recorded on the streams the job was ordered after: its inputs are
+  // ready once they have been reached.
+  std::vector<ph_event_t> ready;
 
   // Agreement: the gathered collective fingerprints, and the headers of the
   // point-to-point messages this rank receives (control backend).
@@ -110,13 +115,13 @@ struct Job {
 
   // The "kernel" the fault injector counts: runs before any data moves.
   std::function<void()> prologue;
-  // Set when queueing the job's device work failed on this rank.
+  // Set when queueing the job's stream task failed on this rank.
   std::string submit_error;
 
-  // Progress, shared with the tasks that wait on the stream.
+  // How it ended, shared with the task that holds the stream.
   std::mutex mutex;
-  std::condition_variable progressed;
-  std::atomic<int> steps_done{0};
+  std::condition_variable ended;
+  std::atomic<bool> done{false};
   std::atomic<bool> failed{false};
   std::string error;  // written once, before `failed` is set
 

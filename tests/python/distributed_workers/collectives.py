@@ -426,12 +426,48 @@ def check_on_a_side_stream():
     assert_equal(out, torch.full((4,), TOTAL), "on a side stream")
 
 
+def check_list_forms_after_queued_work():
+    # The list forms stage their inputs through a flat device buffer: that
+    # copy too must wait for the work queued on the caller's stream.
+    def slowly(fill):
+        faults.set_latency_us(200_000)
+        try:
+            return fill()
+        finally:
+            faults.set_latency_us(0)
+
+    ins = [torch.zeros(4, device=DEV) for _ in range(WORLD)]
+    for p, t in enumerate(ins):
+        slowly(lambda t=t, p=p: t.add_(10 * p + RANK))
+    out = torch.empty(4, device=DEV)
+    dist.reduce_scatter(out, ins)
+    expected = float(sum(10 * RANK + r for r in range(WORLD)))
+    assert_equal(out, torch.full((4,), expected), "reduce_scatter of late inputs")
+
+    ins = [torch.zeros(2, device=DEV) for _ in range(WORLD)]
+    for p, t in enumerate(ins):
+        slowly(lambda t=t, p=p: t.add_(100 * RANK + p))
+    outs = [torch.empty(2, device=DEV) for _ in range(WORLD)]
+    dist.all_to_all(outs, ins)
+    for p in range(WORLD):
+        assert_equal(outs[p], torch.full((2,), float(100 * p + RANK)), f"all_to_all from {p}")
+
+    mine = torch.zeros(3, device=DEV)
+    slowly(lambda: mine.add_(RANK + 1))
+    gathered = [torch.empty(3, device=DEV) for _ in range(WORLD)] if RANK == 0 else None
+    dist.gather(mine, gathered, dst=0)
+    if RANK == 0:
+        for p in range(WORLD):
+            assert_equal(gathered[p], torch.full((3,), float(p + 1)), f"gather block {p}")
+
+
 checks.run("async_work", check_async_work)
 checks.run("future", check_future)
 checks.run("wait_timeout_blocks_the_host", check_wait_timeout_blocks_the_host)
 checks.run("wait_does_not_block_the_host", check_wait_does_not_block_the_host)
 checks.run("ordered_after_queued_work", check_ordered_after_queued_work)
 checks.run("side_stream", check_on_a_side_stream)
+checks.run("list_forms_after_queued_work", check_list_forms_after_queued_work)
 
 
 # --- bad arguments: refused at the call, the group goes on ------------------

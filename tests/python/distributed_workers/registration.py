@@ -9,6 +9,7 @@ Each must give a group whose collectives work on phantom tensors.
 """
 
 import datetime
+import os
 
 from common import RANK, WORLD, Checks, assert_equal, device, dist, raises, torch
 
@@ -42,12 +43,23 @@ def round_trip(make, cpu_too=False, bound=False):
 
 
 timeout = datetime.timedelta(seconds=60)
-checks.run("default", round_trip(lambda: dist.init_process_group(timeout=timeout)))
-checks.run("device_id", round_trip(
-    lambda: dist.init_process_group(device_id=DEV, timeout=timeout), bound=True))
+# One store for the explicit rounds, each under its own prefix: making a
+# fresh store on one port per round races with the last round's teardown.
+store = dist.TCPStore("127.0.0.1", int(os.environ["SPARE_PORT"]), WORLD, RANK == 0)
+
+
+def explicit(round_name, **kwargs):
+    prefix = dist.PrefixStore(round_name, store)
+    return lambda: dist.init_process_group(
+        store=prefix, rank=RANK, world_size=WORLD, timeout=timeout, **kwargs)
+
+
+checks.run("device_id", round_trip(explicit("device_id", device_id=DEV), bound=True))
 checks.run("cpu_gloo_phantom_pccl", round_trip(
-    lambda: dist.init_process_group("cpu:gloo,phantom:pccl", timeout=timeout), cpu_too=True))
-checks.run("pccl", round_trip(lambda: dist.init_process_group("pccl", timeout=timeout)))
+    explicit("both", backend="cpu:gloo,phantom:pccl"), cpu_too=True))
+checks.run("pccl", round_trip(explicit("pccl", backend="pccl")))
+# Last, as the only round on MASTER_PORT (env://, as torchrun sets it up).
+checks.run("default", round_trip(lambda: dist.init_process_group(timeout=timeout)))
 checks.run("default_backend_for_phantom", lambda: assert_equal(
     dist.Backend.default_device_backend_map.get("phantom"), "pccl", "default backend"))
 checks.report()

@@ -11,9 +11,9 @@
 // The contract is the one NCCL and HCCL have:
 //
 //  - Every call queues its collective on `stream` and returns at once. It
-//    starts after the work already queued on `stream` and work queued on
-//    `stream` later starts after it has finished: the caller orders it with
-//    the rest of the device by recording and waiting on events.
+//    starts after the work already queued on `stream`, and after the work
+//    queued on any stream the caller named with orderAfter() before the
+//    call; work queued on `stream` later starts after it has finished.
 //  - Buffers are dense device memory on `stream`'s device; `count` is in
 //    elements of `dtype`. The host never dereferences them. send and recv
 //    buffers may be the same memory (in-place).
@@ -83,6 +83,15 @@ class Communicator {
 
   // Whether allReduce / reduce / reduceScatter take this pair.
   virtual bool supportsReduction(c10::ScalarType dtype, ReduceOp op) const = 0;
+
+  // The next collective queued on `stream` starts after the work queued on
+  // `waiting` so far (the caller's current stream). The default records an
+  // event on `waiting` and makes `stream` wait for it, which is what a
+  // library whose collectives run on the device needs (ProcessGroupNCCL
+  // does it). A library that runs collectives on a host thread can wait
+  // for the event there instead and keep `stream` free of the wait.
+  virtual void orderAfter(const PhantomStream& waiting,
+                          const PhantomStream& stream);
 
   // recv = op over every rank's send. send.count == recv.count.
   virtual void allReduce(const DeviceBuffer& send, const DeviceBuffer& recv,
