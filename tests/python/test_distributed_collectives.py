@@ -68,6 +68,7 @@ SEMANTICS = [
     "ordered_after_queued_work",
     "side_stream",
     "list_forms_after_queued_work",
+    "staging_memory_is_bounded",
     "refusals",
 ]
 

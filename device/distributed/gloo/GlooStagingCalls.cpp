@@ -4,7 +4,6 @@
 
 #include <phantom/Exception.h>
 #include <phantom/FaultInjection.h>
-#include <phantom/HostAllocator.h>
 
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
@@ -28,12 +27,6 @@ const char* kindName(Kind kind) {
     case Kind::Recv: return "recv";
   }
   return "?";
-}
-
-Job::~Job() {
-  for (ph_event_t event : ready) {
-    (void)ph_event_destroy(event);
-  }
 }
 
 namespace {
@@ -93,6 +86,26 @@ void* advance(void* device, size_t bytes) {
   return static_cast<uint8_t*>(device) + bytes;
 }
 
+// Queued on a stream a job is ordered after: sets the job's mark when the
+// stream gets there, or when the stream drops it (a failed stream).
+struct MarkReady {
+  std::shared_ptr<ReadyMark> mark;
+
+  static ph_status_t run(void*, char*, size_t) {
+    return PH_SUCCESS;  // release() follows and sets the mark
+  }
+
+  static void release(void* self) {
+    auto* task = static_cast<MarkReady*>(self);
+    task->mark->reached.store(true, std::memory_order_release);
+    {
+      std::lock_guard<std::mutex> lock(task->mark->readiness->mutex);
+    }
+    task->mark->readiness->changed.notify_all();
+    delete task;
+  }
+};
+
 // The one task a job queues on its stream: holds the stream until the
 // communicator's thread has ended the job, and fails it if the job failed.
 struct JobWait {
@@ -137,9 +150,6 @@ GlooStagingCommunicator::~GlooStagingCommunicator() {
   queue_cv_.notify_all();
   thread_.join();
   diagnosis_.stop();
-  for (ph_event_t event : ready_) {
-    (void)ph_event_destroy(event);
-  }
 }
 
 bool GlooStagingCommunicator::supportsReduction(c10::ScalarType dtype,
@@ -188,14 +198,14 @@ void GlooStagingCommunicator::orderAfter(const PhantomStream& waiting,
                                          const PhantomStream& /*stream*/) {
   // Waited for by this communicator's thread, not by the stream: the
   // stream then only ever waits for the collectives themselves.
-  ph_event_t queued = nullptr;
-  PHANTOM_CHECK(ph_event_create(PH_EVENT_DISABLE_TIMING, &queued));
-  const ph_status_t recorded = ph_event_record(queued, waiting.handle());
-  if (recorded != PH_SUCCESS) {
-    (void)ph_event_destroy(queued);
-    PHANTOM_CHECK(recorded);
-  }
-  ready_.push_back(queued);
+  auto mark = std::make_shared<ReadyMark>();
+  mark->readiness = readiness_;
+  const ph_host_task_t task{"pccl inputs ready", &MarkReady::run, &MarkReady::release,
+                            new MarkReady{mark}};
+  // A stream that already failed refuses the task (and released it, which
+  // set the mark); its error is the caller's to see, not this collective's.
+  (void)ph_launch_host_func(waiting.handle(), &task);
+  ready_.push_back(std::move(mark));
 }
 
 Job& GlooStagingCommunicator::pendingJob(const PhantomStream& stream) {
@@ -520,9 +530,6 @@ void GlooStagingCommunicator::submitPending() {
   job->prologue = [] {};
   faultHookLaunch(job->stream, "pccl collective", job->prologue, /*waited=*/false);
   try {
-    if (job->host_bytes > 0) {
-      job->pinned = pinnedHostAllocator()->allocate(job->host_bytes);
-    }
     queueStreamTask(job);
   } catch (const std::exception& e) {
     // The agreement has gone out: peers will wait for this job, so it still

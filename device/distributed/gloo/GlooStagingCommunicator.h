@@ -8,11 +8,11 @@
 //
 // The thread (GlooStagingThread.cpp) runs the jobs one at a time in call
 // order, the order every rank uses: it waits until the job's inputs are
-// ready (the events of orderAfter), then pipelines the job's steps — the
+// ready (the marks of orderAfter), then pipelines the job's steps — the
 // device-to-host copy of a step, Gloo's exchange of it on Gloo's threads,
 // the host-to-device copy — and releases the stream's task. The copies are
 // ph_memcpy calls made by this host thread, ordered with the device by
-// those events and by the task: nothing else touches a collective's
+// those marks and by the task: nothing else touches a collective's
 // buffers until it has ended (NCCL's rule for its buffers).
 //
 // So no stream worker ever waits for the network except through the one
@@ -109,7 +109,8 @@ class GlooStagingCommunicator final : public ccl::Communicator {
   // The calling thread's state (callers are serialised).
   int group_depth_ = 0;
   std::shared_ptr<Job> pending_;
-  std::vector<ph_event_t> ready_;  // orderAfter's events for the next job
+  std::vector<std::shared_ptr<ReadyMark>> ready_;  // orderAfter's, for the next job
+  std::shared_ptr<Readiness> readiness_ = std::make_shared<Readiness>();
   uint64_t collectives_ = 0;
 
   std::mutex queue_mutex_;

@@ -2,9 +2,13 @@
 // what happens when one fails (GlooStagingCommunicator.h).
 #include "GlooStagingCommunicator.h"
 
+#include <phantom/HostAllocator.h>
+
 #include <c10/util/Exception.h>
 
 #include <optional>
+
+#include <pthread.h>
 
 namespace phantom::gloo_staging {
 
@@ -65,6 +69,7 @@ void waitAll(GlooWorks& works) {
 }  // namespace
 
 void GlooStagingCommunicator::serve() {
+  pthread_setname_np(pthread_self(), "pccl-comm");  // in top -H, perf, gdb
   while (true) {
     std::shared_ptr<Job> job;
     {
@@ -92,15 +97,26 @@ void GlooStagingCommunicator::run(Job& job) {
       throw std::runtime_error(broken_reason_);
     }
     // The inputs are ready once the streams the job was ordered after have
-    // reached their events. A failure there belongs to that stream, which
-    // reports it itself; the event is reached either way.
-    for (ph_event_t event : job.ready) {
-      (void)ph_event_synchronize(event);
+    // run their marks (a failed stream drops its mark, which also sets it:
+    // that stream reports its own error).
+    for (const auto& mark : job.ready) {
+      if (!mark->reached.load(std::memory_order_acquire)) {
+        std::unique_lock<std::mutex> lock(readiness_->mutex);
+        readiness_->changed.wait(
+            lock, [&] { return mark->reached.load(std::memory_order_acquire); });
+      }
     }
     job.prologue();  // the fault injector's kernel
     cause = Cause::Exchange;
     waitForAgreement(job);
 
+    // The staging memory is taken here, not when the job is queued: the
+    // caller may queue many collectives ahead, and each would hold its own
+    // block (fresh pages, and memory without bound). One job at a time
+    // reuses one cached block, whose pages stay mapped and warm.
+    if (job.host_bytes > 0) {
+      job.pinned = pinnedHostAllocator()->allocate(job.host_bytes);
+    }
     // The pipeline: step s+1 is copied in and step s-1 copied out while
     // Gloo's threads exchange step s.
     auto* host = static_cast<uint8_t*>(job.pinned.get());

@@ -9,6 +9,7 @@
 #include <sstream>
 #include <vector>
 
+#include <pthread.h>
 #include <unistd.h>
 
 namespace phantom::gloo_staging {
@@ -88,6 +89,7 @@ void PeerDiagnosis::called(uint64_t collective, const std::string& label) {
 }
 
 void PeerDiagnosis::publishLoop() {
+  pthread_setname_np(pthread_self(), "pccl-progress");
   std::unique_lock<std::mutex> lock(mutex_);
   while (!stopping_) {
     wake_.wait_for(lock, kPublishPeriod);

@@ -11,8 +11,12 @@
 // The job's stream only holds one task, which waits for the whole job: the
 // stream's later work (the caller's wait, the completion record) is
 // ordered after the collective, while the copies and the exchange run on
-// the communicator's thread, which starts the job as soon as the events
-// the job was ordered after (orderAfter) have been reached.
+// the communicator's thread, which starts the job as soon as the streams
+// the job was ordered after (orderAfter) have run what was queued on them
+// before the call. Each of those streams says so with a small task that
+// sets a ReadyMark: the thread sleeps on a condition variable, where a
+// host wait on an event would spin first, and on two cores shared by two
+// ranks every spin is taken from Gloo.
 #pragma once
 
 #include <phantom/ccl/Communicator.h>
@@ -68,6 +72,20 @@ struct Transfer {
 
 using GlooWorks = std::vector<c10::intrusive_ptr<c10d::Work>>;
 
+// The communicator's thread waits here for its jobs' marks.
+struct Readiness {
+  std::mutex mutex;
+  std::condition_variable changed;
+};
+
+// Set by a task queued on a stream a job was ordered after, when it runs
+// (or is released unrun: a failed stream reports its own error, and the
+// job must not wait for it forever).
+struct ReadyMark {
+  std::shared_ptr<Readiness> readiness;
+  std::atomic<bool> reached{false};
+};
+
 struct Step {
   std::vector<Transfer> to_host;    // before the exchange
   std::vector<Transfer> to_device;  // after it
@@ -85,11 +103,11 @@ struct Job {
   std::vector<CallRecord> calls;
   std::vector<Step> steps;
   size_t host_bytes = 0;
-  c10::DataPtr pinned;
+  c10::DataPtr pinned;  // taken and freed by the communicator's thread
   PhantomStream stream;
-  // Recorded on the streams the job was ordered after: its inputs are
-  // ready once they have been reached.
-  std::vector<ph_event_t> ready;
+  // One per stream the job was ordered after: its inputs are ready once
+  // all are reached.
+  std::vector<std::shared_ptr<ReadyMark>> ready;
 
   // Agreement: the gathered collective fingerprints, and the headers of the
   // point-to-point messages this rank receives (control backend).
@@ -126,7 +144,6 @@ struct Job {
   std::string error;  // written once, before `failed` is set
 
   explicit Job(PhantomStream s) : stream(s) {}
-  ~Job();
 };
 
 }  // namespace phantom::gloo_staging

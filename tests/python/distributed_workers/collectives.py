@@ -461,6 +461,28 @@ def check_list_forms_after_queued_work():
             assert_equal(gathered[p], torch.full((3,), float(p + 1)), f"gather block {p}")
 
 
+def check_staging_memory_is_bounded():
+    # Collectives queued far ahead of the communicator share one pinned
+    # staging block at a time: the host's pinned memory does not grow with
+    # the queue.
+    t = torch.ones(1 << 18, device=DEV)  # 1 MiB
+    dist.all_reduce(t)
+    torch.phantom.synchronize()
+    before = torch.phantom.host_memory_stats()["num_host_alloc"]
+    faults.set_latency_us(200_000)
+    try:
+        t.mul_(1)  # hold the collectives back until all are queued
+    finally:
+        faults.set_latency_us(0)
+    works = [dist.all_reduce(t, op=dist.ReduceOp.MAX, async_op=True) for _ in range(16)]
+    for w in works:
+        w.wait()
+    torch.phantom.synchronize()
+    grew = torch.phantom.host_memory_stats()["num_host_alloc"] - before
+    assert grew <= 1, f"16 queued collectives took {grew} new pinned blocks"
+    assert_equal(t, torch.full((1 << 18,), float(WORLD)), "after the queued all_reduces")
+
+
 checks.run("async_work", check_async_work)
 checks.run("future", check_future)
 checks.run("wait_timeout_blocks_the_host", check_wait_timeout_blocks_the_host)
@@ -468,6 +490,7 @@ checks.run("wait_does_not_block_the_host", check_wait_does_not_block_the_host)
 checks.run("ordered_after_queued_work", check_ordered_after_queued_work)
 checks.run("side_stream", check_on_a_side_stream)
 checks.run("list_forms_after_queued_work", check_list_forms_after_queued_work)
+checks.run("staging_memory_is_bounded", check_staging_memory_is_bounded)
 
 
 # --- bad arguments: refused at the call, the group goes on ------------------
