@@ -64,6 +64,7 @@ SEMANTICS = [
     "async_work",
     "future",
     "wait_timeout_blocks_the_host",
+    "wait_timeout_expires",
     "wait_does_not_block_the_host",
     "ordered_after_queued_work",
     "side_stream",

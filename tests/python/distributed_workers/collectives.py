@@ -385,6 +385,22 @@ def check_wait_timeout_blocks_the_host():
     assert_equal(t, torch.full((6,), TOTAL), "after wait(timeout)")
 
 
+def check_wait_timeout_expires():
+    # 1 s of queued work ahead: a 50 ms wait gives up, naming the
+    # collective; the collective itself still completes.
+    t = torch.full((6,), float(RANK + 1), device=DEV)
+    faults.set_latency_us(1_000_000)
+    try:
+        t.mul_(1)
+    finally:
+        faults.set_latency_us(0)
+    work = dist.all_reduce(t, async_op=True)
+    raises(lambda: work.wait(timeout=datetime.timedelta(milliseconds=50)),
+           "did not finish within 50 ms")
+    work.wait()
+    assert_equal(t, torch.full((6,), TOTAL), "after the expired wait")
+
+
 def check_wait_does_not_block_the_host():
     # 1 s of queued work ahead: wait() returns long before the collective,
     # and the caller's stream (not the host) waits for it.
@@ -486,6 +502,7 @@ def check_staging_memory_is_bounded():
 checks.run("async_work", check_async_work)
 checks.run("future", check_future)
 checks.run("wait_timeout_blocks_the_host", check_wait_timeout_blocks_the_host)
+checks.run("wait_timeout_expires", check_wait_timeout_expires)
 checks.run("wait_does_not_block_the_host", check_wait_does_not_block_the_host)
 checks.run("ordered_after_queued_work", check_ordered_after_queued_work)
 checks.run("side_stream", check_on_a_side_stream)
