@@ -197,14 +197,19 @@ c10::intrusive_ptr<c10d::Backend> GlooStagingCommunicator::control() const {
 void GlooStagingCommunicator::orderAfter(const PhantomStream& waiting,
                                          const PhantomStream& /*stream*/) {
   // Waited for by this communicator's thread, not by the stream: the
-  // stream then only ever waits for the collectives themselves.
+  // stream then only ever waits for the collectives themselves. A stream
+  // with nothing left to run needs no mark.
+  const ph_stream_t handle = waiting.handle();
+  if (ph_stream_query(handle) == PH_SUCCESS) {
+    return;
+  }
   auto mark = std::make_shared<ReadyMark>();
   mark->readiness = readiness_;
   const ph_host_task_t task{"pccl inputs ready", &MarkReady::run, &MarkReady::release,
                             new MarkReady{mark}};
   // A stream that already failed refuses the task (and released it, which
   // set the mark); its error is the caller's to see, not this collective's.
-  (void)ph_launch_host_func(waiting.handle(), &task);
+  (void)ph_launch_host_func(handle, &task);
   ready_.push_back(std::move(mark));
 }
 
