@@ -1,0 +1,602 @@
+// The Gloo staging communicator, calling-thread side: building each call's
+// job and handing it over (GlooStagingCommunicator.h).
+#include "GlooStagingCommunicator.h"
+
+#include <phantom/Exception.h>
+#include <phantom/FaultInjection.h>
+
+#include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <sstream>
+#include <tuple>
+
+namespace phantom::gloo_staging {
+
+const char* kindName(Kind kind) {
+  switch (kind) {
+    case Kind::AllReduce: return "all_reduce";
+    case Kind::Broadcast: return "broadcast";
+    case Kind::Reduce: return "reduce";
+    case Kind::AllGather: return "all_gather";
+    case Kind::ReduceScatter: return "reduce_scatter";
+    case Kind::AllToAll: return "all_to_all";
+    case Kind::Send: return "send";
+    case Kind::Recv: return "recv";
+  }
+  return "?";
+}
+
+namespace {
+
+using ccl::DeviceBuffer;
+using ccl::ReduceOp;
+
+constexpr int kDataTag = 0;
+constexpr int kHeaderTag = 0;
+constexpr size_t kHostAlignment = 64;
+
+// All-reduce, broadcast and reduce are cut into chunks of kChunkBytes
+// (docs/performance.md, "Distributed"): the pipeline overlaps one chunk's
+// copies with another's exchange, and Gloo moves a few MiB at a time
+// faster than one large buffer.
+constexpr size_t kChunkBytes = size_t{2} << 20;
+
+size_t alignUp(size_t n) {
+  return (n + kHostAlignment - 1) / kHostAlignment * kHostAlignment;
+}
+
+c10d::ReduceOp toC10d(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: return c10d::ReduceOp::SUM;
+    case ReduceOp::Avg: return c10d::ReduceOp::AVG;
+    case ReduceOp::Product: return c10d::ReduceOp::PRODUCT;
+    case ReduceOp::Min: return c10d::ReduceOp::MIN;
+    case ReduceOp::Max: return c10d::ReduceOp::MAX;
+    case ReduceOp::BitwiseAnd: return c10d::ReduceOp::BAND;
+    case ReduceOp::BitwiseOr: return c10d::ReduceOp::BOR;
+    case ReduceOp::BitwiseXor: return c10d::ReduceOp::BXOR;
+  }
+  return c10d::ReduceOp::SUM;
+}
+
+// [first element, element count) of each chunk of `count` elements.
+std::vector<std::pair<int64_t, int64_t>> chunksOf(int64_t count,
+                                                  size_t element_size) {
+  const int64_t per_chunk =
+      std::max<int64_t>(1, static_cast<int64_t>(kChunkBytes / element_size));
+  std::vector<std::pair<int64_t, int64_t>> chunks;
+  for (int64_t first = 0; first < count; first += per_chunk) {
+    chunks.emplace_back(first, std::min(per_chunk, count - first));
+  }
+  if (chunks.empty()) {
+    chunks.emplace_back(0, 0);
+  }
+  return chunks;
+}
+
+at::Tensor hostView(uint8_t* base, size_t offset, int64_t count,
+                    c10::ScalarType dtype) {
+  return at::from_blob(base + offset, {count}, at::TensorOptions().dtype(dtype));
+}
+
+void* advance(void* device, size_t bytes) {
+  return static_cast<uint8_t*>(device) + bytes;
+}
+
+// Queued on a stream a job is ordered after: sets the job's mark when the
+// stream gets there, or when the stream drops it (a failed stream).
+struct MarkReady {
+  std::shared_ptr<ReadyMark> mark;
+
+  static ph_status_t run(void*, char*, size_t) {
+    return PH_SUCCESS;  // release() follows and sets the mark
+  }
+
+  static void release(void* self) {
+    auto* task = static_cast<MarkReady*>(self);
+    task->mark->reached.store(true, std::memory_order_release);
+    {
+      std::lock_guard<std::mutex> lock(task->mark->readiness->mutex);
+    }
+    task->mark->readiness->changed.notify_all();
+    delete task;
+  }
+};
+
+// The one task a job queues on its stream: holds the stream until the
+// communicator's thread has ended the job, and fails it if the job failed.
+struct JobWait {
+  std::shared_ptr<Job> job;
+
+  static ph_status_t run(void* self, char* error, size_t error_size) {
+    Job& job = *static_cast<JobWait*>(self)->job;
+    if (!job.done.load(std::memory_order_acquire)) {
+      std::unique_lock<std::mutex> lock(job.mutex);
+      job.ended.wait(lock, [&] { return job.done.load(std::memory_order_acquire); });
+    }
+    if (!job.failed.load(std::memory_order_acquire)) {
+      return PH_SUCCESS;
+    }
+    std::snprintf(error, error_size, "%s", job.error.c_str());
+    return PH_ERROR_DEVICE;
+  }
+
+  static void release(void* self) {
+    delete static_cast<JobWait*>(self);
+  }
+};
+
+}  // namespace
+
+GlooStagingCommunicator::GlooStagingCommunicator(GlooStagingConfig config)
+    : config_(std::move(config)),
+      data_(std::move(config_.data)),
+      control_(std::move(config_.control)),
+      diagnosis_(config_.store->clone(), config_.rank, config_.size) {
+  // data_ and control_ hold the only references: breaking the communicator
+  // must destroy the backends to close their connections.
+  TORCH_CHECK(data_ && control_, "the Gloo staging communicator needs two CPU backends");
+  thread_ = std::thread([this] { serve(); });
+}
+
+GlooStagingCommunicator::~GlooStagingCommunicator() {
+  {
+    std::lock_guard<std::mutex> lock(queue_mutex_);
+    stopping_ = true;
+  }
+  queue_cv_.notify_all();
+  thread_.join();
+  diagnosis_.stop();
+}
+
+bool GlooStagingCommunicator::supportsReduction(c10::ScalarType dtype,
+                                                ReduceOp op) const {
+  // What ProcessGroupGloo reduces in torch 2.13 (checked per dtype and op
+  // in tests/python/test_distributed_collectives.py).
+  switch (dtype) {
+    case c10::kFloat:
+    case c10::kDouble:
+    case c10::kHalf:
+    case c10::kBFloat16:
+      return op != ReduceOp::BitwiseAnd && op != ReduceOp::BitwiseOr &&
+             op != ReduceOp::BitwiseXor;
+    case c10::kChar:
+    case c10::kByte:
+    case c10::kInt:
+    case c10::kLong:
+    case c10::kBool:
+      return op != ReduceOp::Avg;
+    default:
+      return false;
+  }
+}
+
+c10::intrusive_ptr<c10d::Backend> GlooStagingCommunicator::data() const {
+  std::lock_guard<std::mutex> lock(broken_mutex_);
+  if (!data_) {
+    C10_THROW_ERROR(DistBackendError,
+                    "the pccl communicator is broken by an earlier failure: " +
+                        broken_reason_);
+  }
+  return data_;
+}
+
+c10::intrusive_ptr<c10d::Backend> GlooStagingCommunicator::control() const {
+  std::lock_guard<std::mutex> lock(broken_mutex_);
+  if (!control_) {
+    C10_THROW_ERROR(DistBackendError,
+                    "the pccl communicator is broken by an earlier failure: " +
+                        broken_reason_);
+  }
+  return control_;
+}
+
+void GlooStagingCommunicator::orderAfter(const PhantomStream& waiting,
+                                         const PhantomStream& /*stream*/) {
+  // Waited for by this communicator's thread, not by the stream: the
+  // stream then only ever waits for the collectives themselves. A stream
+  // with nothing left to run needs no mark.
+  const ph_stream_t handle = waiting.handle();
+  if (ph_stream_query(handle) == PH_SUCCESS) {
+    return;
+  }
+  auto mark = std::make_shared<ReadyMark>();
+  mark->readiness = readiness_;
+  const ph_host_task_t task{"pccl inputs ready", &MarkReady::run, &MarkReady::release,
+                            new MarkReady{mark}};
+  // A stream that already failed refuses the task (and released it, which
+  // set the mark); its error is the caller's to see, not this collective's.
+  (void)ph_launch_host_func(handle, &task);
+  ready_.push_back(std::move(mark));
+}
+
+Job& GlooStagingCommunicator::pendingJob(const PhantomStream& stream) {
+  (void)control();  // a broken communicator refuses at the call
+  if (!pending_) {
+    pending_ = std::make_shared<Job>(stream);
+  }
+  TORCH_CHECK(pending_->stream == stream,
+              "the calls of one pccl group must all use one stream; got ",
+              stream, " after ", pending_->stream);
+  return *pending_;
+}
+
+template <typename Build>
+void GlooStagingCommunicator::addCall(CallRecord call, size_t host_bytes,
+                                      const PhantomStream& stream, Build build) {
+  Job& job = pendingJob(stream);
+  const size_t base = job.host_bytes;
+  job.calls.push_back(call);
+  build(job, base);
+  job.host_bytes = base + alignUp(host_bytes);
+  if (group_depth_ == 0) {
+    submitPending();
+  }
+}
+
+void GlooStagingCommunicator::allReduce(const DeviceBuffer& send,
+                                        const DeviceBuffer& recv, ReduceOp op,
+                                        const PhantomStream& stream) {
+  const size_t es = c10::elementSize(send.dtype);
+  addCall({Kind::AllReduce, send.dtype, send.count, op, -1}, send.bytes(), stream,
+          [&](Job& job, size_t base) {
+            for (const auto& [first, n] : chunksOf(send.count, es)) {
+              const size_t offset = base + first * es;
+              Step step;
+              step.to_host = {{advance(send.data, first * es), offset, n * es}};
+              step.to_device = {{advance(recv.data, first * es), offset, n * es}};
+              step.exchange = [this, offset, n = n, dtype = send.dtype, op](
+                                  uint8_t* host, GlooWorks& works) {
+                std::vector<at::Tensor> tensors{hostView(host, offset, n, dtype)};
+                c10d::AllreduceOptions options;
+                options.reduceOp = toC10d(op);
+                works.push_back(data()->allreduce(tensors, options));
+              };
+              job.steps.push_back(std::move(step));
+            }
+          });
+}
+
+void GlooStagingCommunicator::broadcast(const DeviceBuffer& buffer, int root,
+                                        const PhantomStream& stream) {
+  const size_t es = c10::elementSize(buffer.dtype);
+  const bool is_root = root == config_.rank;
+  addCall({Kind::Broadcast, buffer.dtype, buffer.count, ReduceOp::Sum, root},
+          buffer.bytes(), stream, [&](Job& job, size_t base) {
+            for (const auto& [first, n] : chunksOf(buffer.count, es)) {
+              const size_t offset = base + first * es;
+              const Transfer transfer{advance(buffer.data, first * es), offset, n * es};
+              Step step;
+              (is_root ? step.to_host : step.to_device).push_back(transfer);
+              step.exchange = [this, offset, bytes = n * es, root](uint8_t* host,
+                                                                   GlooWorks& works) {
+                std::vector<at::Tensor> tensors{
+                    hostView(host, offset, static_cast<int64_t>(bytes), c10::kByte)};
+                c10d::BroadcastOptions options;
+                options.rootRank = root;
+                works.push_back(data()->broadcast(tensors, options));
+              };
+              job.steps.push_back(std::move(step));
+            }
+          });
+}
+
+void GlooStagingCommunicator::reduce(const DeviceBuffer& send,
+                                     const DeviceBuffer& recv, ReduceOp op,
+                                     int root, const PhantomStream& stream) {
+  const size_t es = c10::elementSize(send.dtype);
+  const bool is_root = root == config_.rank;
+  addCall({Kind::Reduce, send.dtype, send.count, op, root}, send.bytes(), stream,
+          [&](Job& job, size_t base) {
+            for (const auto& [first, n] : chunksOf(send.count, es)) {
+              const size_t offset = base + first * es;
+              Step step;
+              step.to_host = {{advance(send.data, first * es), offset, n * es}};
+              if (is_root) {
+                step.to_device = {{advance(recv.data, first * es), offset, n * es}};
+              }
+              step.exchange = [this, offset, n = n, dtype = send.dtype, op, root](
+                                  uint8_t* host, GlooWorks& works) {
+                std::vector<at::Tensor> tensors{hostView(host, offset, n, dtype)};
+                c10d::ReduceOptions options;
+                options.reduceOp = toC10d(op);
+                options.rootRank = root;
+                works.push_back(data()->reduce(tensors, options));
+              };
+              job.steps.push_back(std::move(step));
+            }
+          });
+}
+
+void GlooStagingCommunicator::allGather(const DeviceBuffer& send,
+                                        const DeviceBuffer& recv,
+                                        const PhantomStream& stream) {
+  const size_t in_bytes = send.bytes();
+  const size_t out_bytes = in_bytes * config_.size;
+  addCall({Kind::AllGather, send.dtype, send.count, ReduceOp::Sum, -1},
+          alignUp(in_bytes) + out_bytes, stream, [&](Job& job, size_t base) {
+            const size_t out_offset = base + alignUp(in_bytes);
+            Step step;
+            step.to_host = {{send.data, base, in_bytes}};
+            step.to_device = {{recv.data, out_offset, out_bytes}};
+            step.exchange = [this, base, out_offset, in_bytes, out_bytes](
+                                uint8_t* host, GlooWorks& works) {
+              at::Tensor in = hostView(host, base, in_bytes, c10::kByte);
+              at::Tensor out = hostView(host, out_offset, out_bytes, c10::kByte);
+              works.push_back(data()->_allgather_base(out, in));
+            };
+            job.steps.push_back(std::move(step));
+          });
+}
+
+void GlooStagingCommunicator::reduceScatter(const DeviceBuffer& send,
+                                            const DeviceBuffer& recv, ReduceOp op,
+                                            const PhantomStream& stream) {
+  const size_t out_bytes = recv.bytes();
+  const size_t in_bytes = out_bytes * config_.size;
+  addCall({Kind::ReduceScatter, recv.dtype, recv.count, op, -1},
+          alignUp(in_bytes) + out_bytes, stream, [&](Job& job, size_t base) {
+            const size_t out_offset = base + alignUp(in_bytes);
+            Step step;
+            step.to_host = {{send.data, base, in_bytes}};
+            step.to_device = {{recv.data, out_offset, out_bytes}};
+            step.exchange = [this, base, out_offset, count = recv.count,
+                             size = config_.size, dtype = recv.dtype,
+                             op](uint8_t* host, GlooWorks& works) {
+              at::Tensor in = hostView(host, base, count * size, dtype);
+              at::Tensor out = hostView(host, out_offset, count, dtype);
+              c10d::ReduceScatterOptions options;
+              options.reduceOp = toC10d(op);
+              works.push_back(data()->_reduce_scatter_base(out, in, options));
+            };
+            job.steps.push_back(std::move(step));
+          });
+}
+
+void GlooStagingCommunicator::allToAll(const DeviceBuffer& send,
+                                       const std::vector<int64_t>& send_counts,
+                                       const DeviceBuffer& recv,
+                                       const std::vector<int64_t>& recv_counts,
+                                       const PhantomStream& stream) {
+  const size_t es = c10::elementSize(send.dtype);
+  const size_t in_bytes = send.bytes();
+  const size_t out_bytes = recv.bytes();
+  // The element count in the fingerprint is this rank's total, which ranks
+  // may differ in: -1 keeps it out of the comparison; the split check
+  // compares what each pair sends and receives.
+  addCall({Kind::AllToAll, send.dtype, -1, ReduceOp::Sum, -1},
+          alignUp(in_bytes) + out_bytes, stream, [&](Job& job, size_t base) {
+            const size_t out_offset = base + alignUp(in_bytes);
+            std::vector<int64_t> in_splits, out_splits;
+            for (int64_t c : send_counts) in_splits.push_back(c * es);
+            for (int64_t c : recv_counts) out_splits.push_back(c * es);
+            Step step;
+            step.to_host = {{send.data, base, in_bytes}};
+            step.to_device = {{recv.data, out_offset, out_bytes}};
+            step.exchange = [this, base, out_offset, in_bytes, out_bytes, in_splits,
+                             out_splits](uint8_t* host, GlooWorks& works) mutable {
+              at::Tensor in = hostView(host, base, in_bytes, c10::kByte);
+              at::Tensor out = hostView(host, out_offset, out_bytes, c10::kByte);
+              works.push_back(data()->alltoall_base(out, in, out_splits, in_splits));
+            };
+            job.steps.push_back(std::move(step));
+            job.split_checks.push_back({job.calls.size() - 1, send_counts, recv_counts});
+          });
+}
+
+void GlooStagingCommunicator::send(const DeviceBuffer& buffer, int peer,
+                                   const PhantomStream& stream) {
+  pointToPoint(Kind::Send, buffer, peer, stream);
+}
+
+void GlooStagingCommunicator::recv(const DeviceBuffer& buffer, int peer,
+                                   const PhantomStream& stream) {
+  pointToPoint(Kind::Recv, buffer, peer, stream);
+}
+
+void GlooStagingCommunicator::pointToPoint(Kind kind, const DeviceBuffer& buffer,
+                                           int peer, const PhantomStream& stream) {
+  const bool sending = kind == Kind::Send;
+  addCall({kind, buffer.dtype, buffer.count, ReduceOp::Sum, peer}, buffer.bytes(),
+          stream, [&](Job& job, size_t base) {
+            Step step;
+            step.point_to_point = true;
+            const Transfer transfer{buffer.data, base, buffer.bytes()};
+            (sending ? step.to_host : step.to_device).push_back(transfer);
+            step.exchange = [this, base, bytes = buffer.bytes(), peer, sending](
+                                uint8_t* host, GlooWorks& works) {
+              std::vector<at::Tensor> tensors{
+                  hostView(host, base, static_cast<int64_t>(bytes), c10::kByte)};
+              works.push_back(sending ? data()->send(tensors, peer, kDataTag)
+                                      : data()->recv(tensors, peer, kDataTag));
+            };
+            job.steps.push_back(std::move(step));
+          });
+}
+
+void GlooStagingCommunicator::groupEnd() {
+  TORCH_CHECK(group_depth_ > 0, "groupEnd() without groupStart()");
+  if (--group_depth_ == 0 && pending_) {
+    submitPending();
+  }
+}
+
+std::unique_ptr<ccl::Communicator> GlooStagingCommunicator::split(
+    const std::vector<int>& ranks, const c10::intrusive_ptr<c10d::Store>& store,
+    const std::string& name) {
+  const auto me = std::find(ranks.begin(), ranks.end(), config_.rank);
+  if (me == ranks.end()) {
+    return nullptr;
+  }
+  TORCH_CHECK(config_.make_backends,
+              "this Gloo staging communicator cannot split: it was made "
+              "without a way to make Gloo backends");
+  GlooStagingConfig config;
+  config.make_backends = config_.make_backends;
+  config.store = store;
+  config.rank = static_cast<int>(me - ranks.begin());
+  config.size = static_cast<int>(ranks.size());
+  config.timeout = config_.timeout;
+  config.group_name = name;
+  std::tie(config.data, config.control) =
+      config_.make_backends(store, config.rank, config.size, config.timeout);
+  return std::make_unique<GlooStagingCommunicator>(std::move(config));
+}
+
+namespace {
+
+// A group's sends and receives become one step, so that all of them are
+// started before any is waited for.
+void mergePointToPoint(Job& job) {
+  std::vector<Step> steps;
+  std::vector<std::function<void(uint8_t*, GlooWorks&)>> exchanges;
+  size_t merged = SIZE_MAX;
+  for (Step& step : job.steps) {
+    if (!step.point_to_point) {
+      steps.push_back(std::move(step));
+      continue;
+    }
+    if (merged == SIZE_MAX) {
+      merged = steps.size();
+      steps.emplace_back();
+      steps.back().point_to_point = true;
+    }
+    Step& into = steps[merged];
+    into.to_host.insert(into.to_host.end(), step.to_host.begin(), step.to_host.end());
+    into.to_device.insert(into.to_device.end(), step.to_device.begin(),
+                          step.to_device.end());
+    exchanges.push_back(std::move(step.exchange));
+  }
+  if (merged != SIZE_MAX) {
+    steps[merged].exchange = [exchanges = std::move(exchanges)](uint8_t* host,
+                                                                GlooWorks& works) {
+      for (const auto& exchange : exchanges) {
+        exchange(host, works);
+      }
+    };
+  }
+  job.steps = std::move(steps);
+}
+
+}  // namespace
+
+std::string GlooStagingCommunicator::labelOf(const Job& job) const {
+  std::ostringstream out;
+  const CallRecord* first = nullptr;
+  size_t collectives = 0;
+  for (const CallRecord& call : job.calls) {
+    if (!isPointToPoint(call.kind)) {
+      first = first ? first : &call;
+      ++collectives;
+    }
+  }
+  if (first != nullptr) {
+    out << kindName(first->kind) << " #" << job.collective << " (";
+    if (first->count >= 0) {
+      out << first->count << " x ";
+    }
+    out << c10::toString(first->dtype);
+    if (first->kind == Kind::AllReduce || first->kind == Kind::Reduce ||
+        first->kind == Kind::ReduceScatter) {
+      out << ", " << ccl::reduceOpName(first->op);
+    }
+    out << ")";
+    if (collectives > 1) {
+      out << " and " << (collectives - 1) << " more in its group";
+    }
+  } else if (job.calls.size() == 1) {
+    out << describeCall(job.calls.front());
+  } else {
+    out << "a group of " << job.calls.size() << " sends and receives";
+  }
+  out << " of group '" << config_.group_name << "'";
+  return out.str();
+}
+
+void GlooStagingCommunicator::submitPending() {
+  std::shared_ptr<Job> job = std::move(pending_);
+  job->ready = std::move(ready_);
+  ready_.clear();
+  mergePointToPoint(*job);
+  const bool collective =
+      std::any_of(job->calls.begin(), job->calls.end(),
+                  [](const CallRecord& c) { return !isPointToPoint(c.kind); });
+  job->collective = collective ? ++collectives_ : collectives_;
+  job->label = labelOf(*job);
+  if (collective) {
+    diagnosis_.called(job->collective, job->label);
+  }
+  startAgreement(*job);
+  // The fault injector counts a collective as one kernel of its stream, as
+  // an NCCL collective is one kernel: fail_kernel(k) can hit it.
+  job->prologue = [] {};
+  faultHookLaunch(job->stream, "pccl collective", job->prologue, /*waited=*/false);
+  try {
+    queueStreamTask(job);
+  } catch (const std::exception& e) {
+    // The agreement has gone out: peers will wait for this job, so it still
+    // goes to the thread, which breaks the communicator.
+    job->submit_error = messageOf(e);
+    {
+      std::lock_guard<std::mutex> lock(queue_mutex_);
+      queue_.push_back(std::move(job));
+    }
+    queue_cv_.notify_one();
+    throw;
+  }
+  {
+    std::lock_guard<std::mutex> lock(queue_mutex_);
+    queue_.push_back(std::move(job));
+  }
+  queue_cv_.notify_one();
+}
+
+void GlooStagingCommunicator::startAgreement(Job& job) {
+  const auto backend = control();
+  bool collective = false;
+  for (size_t i = 0; i < job.calls.size(); ++i) {
+    const CallRecord& call = job.calls[i];
+    if (call.kind == Kind::Send) {
+      std::vector<at::Tensor> header{pointToPointHeader(call)};
+      job.outgoing_headers.push_back(backend->send(header, call.root, kHeaderTag));
+    } else if (call.kind == Kind::Recv) {
+      std::vector<at::Tensor> header{at::empty({kHeaderWords}, at::kLong)};
+      job.incoming_headers.push_back(
+          {i, backend->recv(header, call.root, kHeaderTag), header[0]});
+    } else {
+      collective = true;
+    }
+  }
+  if (collective) {
+    at::Tensor mine = collectiveFingerprint(job);
+    job.fingerprints = at::empty({config_.size * kFingerprintWords}, at::kLong);
+    job.fingerprint_work = backend->_allgather_base(job.fingerprints, mine);
+  }
+  for (Job::SplitCheck& check : job.split_checks) {
+    at::Tensor mine = at::empty({2 * config_.size}, at::kLong);
+    int64_t* words = mine.data_ptr<int64_t>();
+    std::copy(check.send_counts.begin(), check.send_counts.end(), words);
+    std::copy(check.recv_counts.begin(), check.recv_counts.end(), words + config_.size);
+    check.gathered = at::empty({2 * config_.size * config_.size}, at::kLong);
+    check.work = backend->_allgather_base(check.gathered, mine);
+  }
+}
+
+void GlooStagingCommunicator::queueStreamTask(const std::shared_ptr<Job>& job) {
+  const ph_stream_t handle = job->stream.handle();
+  const ph_host_task_t task{"pccl collective", &JobWait::run, &JobWait::release,
+                            new JobWait{job}};
+  // A refusal (the stream already failed) released the task; check()
+  // reports the stream's error to the caller and resets it.
+  job->stream.check(ph_launch_host_func(handle, &task), handle);
+}
+
+std::unique_ptr<ccl::Communicator> makeGlooStagingCommunicator(
+    GlooStagingConfig config) {
+  return std::make_unique<GlooStagingCommunicator>(std::move(config));
+}
+
+}  // namespace phantom::gloo_staging

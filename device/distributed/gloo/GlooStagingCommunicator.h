@@ -1,0 +1,130 @@
+// The Gloo staging communicator (phantom/gloo_staging/GlooStaging.h).
+//
+// A call builds a Job (StagingJob.h) and, on the calling thread, in call
+// order (GlooStagingCalls.cpp): starts the agreement exchange on the
+// control backend (Agreement.h), counts the collective for the fault
+// injector as one kernel, queues on the stream the one task that holds it
+// until the job has ended, and hands the job to the communicator's thread.
+//
+// The thread (GlooStagingThread.cpp) runs the jobs one at a time in call
+// order, the order every rank uses: it waits until the job's inputs are
+// ready (the marks of orderAfter), then pipelines the job's steps — the
+// device-to-host copy of a step, Gloo's exchange of it on Gloo's threads,
+// the host-to-device copy — and releases the stream's task. The copies are
+// ph_memcpy calls made by this host thread, ordered with the device by
+// those marks and by the task: nothing else touches a collective's
+// buffers until it has ended (NCCL's rule for its buffers).
+//
+// So no stream worker ever waits for the network except through the one
+// task per job, and the thread never waits for its own stream: back-to-back
+// collectives start as soon as their inputs are ready. Failures: whatever
+// fails — the fault injector's kernel, a copy, the agreement, the exchange
+// — fails the job with a sentence naming it (and, for an exchange, the
+// peer at fault: PeerDiagnosis.h); the stream's task returns that sentence,
+// so the stream gets a sticky error; and the communicator breaks: a local
+// failure is written to the store, then both Gloo backends are destroyed,
+// which closes their connections, so peers blocked in this collective fail
+// at once instead of at their timeout. Later jobs fail without running.
+#pragma once
+
+#include "Agreement.h"
+#include "PeerDiagnosis.h"
+#include "StagingJob.h"
+
+#include <phantom/gloo_staging/GlooStaging.h>
+
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+namespace phantom::gloo_staging {
+
+class GlooStagingCommunicator final : public ccl::Communicator {
+ public:
+  explicit GlooStagingCommunicator(GlooStagingConfig config);
+  ~GlooStagingCommunicator() override;
+
+  int rank() const override { return config_.rank; }
+  int size() const override { return config_.size; }
+  bool supportsReduction(c10::ScalarType dtype, ccl::ReduceOp op) const override;
+
+  void orderAfter(const PhantomStream& waiting, const PhantomStream& stream) override;
+  void allReduce(const ccl::DeviceBuffer& send, const ccl::DeviceBuffer& recv,
+                 ccl::ReduceOp op, const PhantomStream& stream) override;
+  void broadcast(const ccl::DeviceBuffer& buffer, int root,
+                 const PhantomStream& stream) override;
+  void reduce(const ccl::DeviceBuffer& send, const ccl::DeviceBuffer& recv,
+              ccl::ReduceOp op, int root, const PhantomStream& stream) override;
+  void allGather(const ccl::DeviceBuffer& send, const ccl::DeviceBuffer& recv,
+                 const PhantomStream& stream) override;
+  void reduceScatter(const ccl::DeviceBuffer& send, const ccl::DeviceBuffer& recv,
+                     ccl::ReduceOp op, const PhantomStream& stream) override;
+  void allToAll(const ccl::DeviceBuffer& send, const std::vector<int64_t>& send_counts,
+                const ccl::DeviceBuffer& recv, const std::vector<int64_t>& recv_counts,
+                const PhantomStream& stream) override;
+  void send(const ccl::DeviceBuffer& buffer, int peer,
+            const PhantomStream& stream) override;
+  void recv(const ccl::DeviceBuffer& buffer, int peer,
+            const PhantomStream& stream) override;
+  void groupStart() override { ++group_depth_; }
+  void groupEnd() override;
+  std::unique_ptr<ccl::Communicator> split(
+      const std::vector<int>& ranks, const c10::intrusive_ptr<c10d::Store>& store,
+      const std::string& name) override;
+  void abort(const std::string& reason) override { breakCommunicator(reason); }
+
+ private:
+  enum class Cause { Local, Agreement, Exchange, Broken };
+
+  // --- the calling thread (GlooStagingCalls.cpp) ---
+  c10::intrusive_ptr<c10d::Backend> data() const;
+  c10::intrusive_ptr<c10d::Backend> control() const;
+  Job& pendingJob(const PhantomStream& stream);
+  template <typename Build>
+  void addCall(CallRecord call, size_t host_bytes, const PhantomStream& stream,
+               Build build);
+  void pointToPoint(Kind kind, const ccl::DeviceBuffer& buffer, int peer,
+                    const PhantomStream& stream);
+  std::string labelOf(const Job& job) const;
+  void submitPending();
+  void startAgreement(Job& job);
+  void queueStreamTask(const std::shared_ptr<Job>& job);
+
+  // --- the communicator's thread (GlooStagingThread.cpp) ---
+  void serve();
+  void run(Job& job);
+  void waitForAgreement(Job& job);
+  void checkSplits(const Job::SplitCheck& check) const;
+  void end(Job& job);
+  void fail(Job& job, Cause cause, std::string reason);
+  void breakCommunicator(const std::string& reason);
+
+  GlooStagingConfig config_;
+  c10::intrusive_ptr<c10d::Backend> data_;
+  c10::intrusive_ptr<c10d::Backend> control_;
+  PeerDiagnosis diagnosis_;
+
+  // The calling thread's state (callers are serialised).
+  int group_depth_ = 0;
+  std::shared_ptr<Job> pending_;
+  std::vector<std::shared_ptr<ReadyMark>> ready_;  // orderAfter's, for the next job
+  std::shared_ptr<Readiness> readiness_ = std::make_shared<Readiness>();
+  uint64_t collectives_ = 0;
+
+  std::mutex queue_mutex_;
+  std::condition_variable queue_cv_;
+  std::deque<std::shared_ptr<Job>> queue_;
+  bool stopping_ = false;
+  std::thread thread_;
+
+  mutable std::mutex broken_mutex_;
+  std::atomic<bool> broken_{false};
+  std::string broken_reason_;
+};
+
+// Gloo's sentence without its source location and its boilerplate advice.
+std::string messageOf(const std::exception& e);
+
+}  // namespace phantom::gloo_staging

@@ -1,0 +1,149 @@
+// What the Gloo staging communicator queues: a job per collective (or per
+// group of calls between groupStart and groupEnd), cut into steps.
+//
+// A step copies some device ranges into pinned host memory, exchanges that
+// memory with Gloo, and copies some ranges back. The communicator's thread
+// runs the steps as a pipeline: while Gloo's threads exchange step s, it
+// copies step s+1 in and step s-1 out, so a large all-reduce costs about
+// its exchanges, not three passes one after the other (and each chunk is
+// still in cache when Gloo reduces it).
+//
+// The job's stream only holds one task, which waits for the whole job: the
+// stream's later work (the caller's wait, the completion record) is
+// ordered after the collective, while the copies and the exchange run on
+// the communicator's thread, which starts the job as soon as the streams
+// the job was ordered after (orderAfter) have run what was queued on them
+// before the call. Each of those streams says so with a small task that
+// sets a ReadyMark: the thread sleeps on a condition variable, where a
+// host wait on an event would spin first, and on two cores shared by two
+// ranks every spin is taken from Gloo.
+#pragma once
+
+#include <phantom/ccl/Communicator.h>
+
+#include <phantom/Stream.h>
+#include <phantom/hal.h>
+
+#include <c10/core/Allocator.h>
+#include <c10/util/intrusive_ptr.h>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace phantom::gloo_staging {
+
+enum class Kind : uint8_t {
+  AllReduce = 1,
+  Broadcast,
+  Reduce,
+  AllGather,
+  ReduceScatter,
+  AllToAll,
+  Send,
+  Recv,
+};
+
+const char* kindName(Kind kind);  // "all_reduce", ...
+inline bool isPointToPoint(Kind kind) {
+  return kind == Kind::Send || kind == Kind::Recv;
+}
+
+// One call as all ranks must agree on it (peer-specific fields aside).
+struct CallRecord {
+  Kind kind;
+  c10::ScalarType dtype;
+  int64_t count;        // elements per rank (the send side's)
+  ccl::ReduceOp op;     // reductions only
+  int root;             // broadcast/reduce root; the peer of send/recv
+};
+
+// One dense copy between device memory and the job's pinned block.
+struct Transfer {
+  void* device;
+  size_t host_offset;
+  size_t bytes;
+};
+
+using GlooWorks = std::vector<c10::intrusive_ptr<c10d::Work>>;
+
+// The communicator's thread waits here for its jobs' marks.
+struct Readiness {
+  std::mutex mutex;
+  std::condition_variable changed;
+};
+
+// Set by a task queued on a stream a job was ordered after, when it runs
+// (or is released unrun: a failed stream reports its own error, and the
+// job must not wait for it forever).
+struct ReadyMark {
+  std::shared_ptr<Readiness> readiness;
+  std::atomic<bool> reached{false};
+};
+
+struct Step {
+  std::vector<Transfer> to_host;    // before the exchange
+  std::vector<Transfer> to_device;  // after it
+  // Starts the exchange over the pinned block `base` on the data backend
+  // and appends the Gloo works to wait for.
+  std::function<void(uint8_t* base, GlooWorks& works)> exchange;
+  bool point_to_point = false;  // merged with the group's other sends/recvs
+};
+
+struct Job {
+  // Collectives are numbered in call order (the same on every rank);
+  // point-to-point jobs carry the number of the last collective before them.
+  uint64_t collective = 0;
+  std::string label;  // "all_reduce #12 (1048576 x float32, sum)"
+  std::vector<CallRecord> calls;
+  std::vector<Step> steps;
+  size_t host_bytes = 0;
+  c10::DataPtr pinned;  // taken and freed by the communicator's thread
+  PhantomStream stream;
+  // One per stream the job was ordered after: its inputs are ready once
+  // all are reached.
+  std::vector<std::shared_ptr<ReadyMark>> ready;
+
+  // Agreement: the gathered collective fingerprints, and the headers of the
+  // point-to-point messages this rank receives (control backend).
+  c10::intrusive_ptr<c10d::Work> fingerprint_work;
+  at::Tensor fingerprints;  // size x kFingerprintWords int64
+  struct IncomingHeader {
+    size_t call;  // index into `calls`
+    c10::intrusive_ptr<c10d::Work> work;
+    at::Tensor header;
+  };
+  std::vector<IncomingHeader> incoming_headers;
+  GlooWorks outgoing_headers;
+  // An all-to-all's split sizes: what each rank sends each peer, gathered,
+  // against what this rank expects to receive.
+  struct SplitCheck {
+    size_t call;
+    std::vector<int64_t> send_counts;
+    std::vector<int64_t> recv_counts;
+    at::Tensor gathered;  // per rank: its send counts, then its receive counts
+    c10::intrusive_ptr<c10d::Work> work;
+  };
+  std::vector<SplitCheck> split_checks;
+
+  // The "kernel" the fault injector counts: runs before any data moves.
+  std::function<void()> prologue;
+  // Set when queueing the job's stream task failed on this rank.
+  std::string submit_error;
+
+  // How it ended, shared with the task that holds the stream.
+  std::mutex mutex;
+  std::condition_variable ended;
+  std::atomic<bool> done{false};
+  std::atomic<bool> failed{false};
+  std::string error;  // written once, before `failed` is set
+
+  explicit Job(PhantomStream s) : stream(s) {}
+};
+
+}  // namespace phantom::gloo_staging
