@@ -15,6 +15,8 @@
 #include <phantom/Launch.h>
 #include <phantom/Stream.h>
 
+#include "Compile.h"
+
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/Generator.h>
 #include <torch/csrc/utils/device_lazy_init.h>
@@ -105,6 +107,7 @@ py::dict hostMemoryStats() {
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "Phantom device runtime (private; use torch.phantom)";
+  phantom::python::initCompile(m);  // torch.compile's primitives
 
   m.def("_device_count", [] { return phantom::deviceCountNoThrow(); });
   m.def("_driver_error", [] { return phantom::driverStartupError(); });

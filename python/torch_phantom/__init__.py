@@ -39,6 +39,11 @@ def _register() -> None:
 
 _register()
 
+# torch.compile learns about phantom when it is imported, not here.
+from . import _compile_hooks  # noqa: E402
+
+_compile_hooks.install()
+
 # A malformed PHANTOM_ALLOC_CONF is an error at start-up, not at the first
 # allocation deep inside a model.
 _memory._allocator_settings()
