@@ -17,6 +17,7 @@ namespace {
 // Arguments of one launch, carried to the worker. Inductor's fused
 // kernels rarely take more than a dozen arguments; more spill to the heap.
 using ArgWords = c10::SmallVector<uint64_t, 16>;
+using HostValues = c10::SmallVector<HostValue, 1>;
 
 }  // namespace
 
@@ -49,22 +50,34 @@ const CompiledKernel* internCompiledKernel(CompiledKernelEntry entry,
 
 void launchCompiledKernel(const CompiledKernel& kernel,
                           c10::ArrayRef<uint64_t> args,
-                          const PhantomStream& stream) {
+                          const PhantomStream& stream,
+                          c10::ArrayRef<HostValue> host_values) {
   TORCH_CHECK(args.size() == kernel.num_args, "compiled kernel '",
               kernel.name, "' takes ", kernel.num_args, " arguments, got ",
               args.size());
+  for (const HostValue& value : host_values) {
+    TORCH_CHECK(value.position < args.size() && args[value.position] == 0,
+                "compiled kernel '", kernel.name, "': host value for argument ",
+                value.position, " must replace a null pointer argument");
+  }
   launchAsync(stream, kernel.name.c_str(),
-              [kernel = &kernel, words = ArgWords(args.begin(), args.end())]() mutable {
+              [kernel = &kernel, words = ArgWords(args.begin(), args.end()),
+               values = HostValues(host_values.begin(),
+                                   host_values.end())]() mutable {
                 // On the worker: device addresses become kernel-view
                 // addresses, valid only inside device work.
                 for (const uint16_t position : kernel->pointer_args) {
                   if (words[position] == 0) {
-                    continue;  // an empty tensor: nothing to read or write
+                    continue;  // an empty tensor or a host value
                   }
                   void* view = nullptr;
                   PHANTOM_CHECK(ph_kernel_address(
                       reinterpret_cast<const void*>(words[position]), &view));
                   words[position] = reinterpret_cast<uintptr_t>(view);
+                }
+                for (HostValue& value : values) {
+                  words[value.position] =
+                      reinterpret_cast<uintptr_t>(value.bytes);
                 }
                 kernel->entry(words.data());
               });

@@ -37,9 +37,11 @@ namespace phantom::python {
 namespace {
 
 // How each argument of a kernel is passed, one letter per argument:
-// 'p' a tensor's data pointer, 'i' an int64_t, 'f' a float (sent as a
-// double's bits; the trampoline narrows it).
+// 'p' a tensor's data pointer, 'c' the same for a tensor the kernel only
+// reads, 'i' an int64_t, 'f' a float (sent as a double's bits; the
+// trampoline narrows it).
 constexpr char kPointer = 'p';
+constexpr char kConstPointer = 'c';
 constexpr char kInteger = 'i';
 constexpr char kFloat = 'f';
 
@@ -70,11 +72,13 @@ PyObject* callCompiledKernel(PyObject* self, PyObject* const* args,
     return nullptr;
   }
   c10::SmallVector<uint64_t, 16> words(kinds.size());
+  c10::SmallVector<HostValue, 1> host_values;
   c10::DeviceIndex device = -1;
   for (Py_ssize_t i = 0; i < nargs; ++i) {
     PyObject* arg = args[i];
     switch (kinds[i]) {
-      case kPointer: {
+      case kPointer:
+      case kConstPointer: {
         if (!THPVariable_Check(arg)) {
           PyErr_Format(PyExc_TypeError,
                        "compiled phantom kernel %s: argument %zd must be a "
@@ -84,6 +88,17 @@ PyObject* callCompiledKernel(PyObject* self, PyObject* const* args,
         }
         const at::Tensor& tensor = THPVariable_Unpack(arg);
         const c10::Device where = tensor.device();
+        if (where.type() == c10::DeviceType::CPU && kinds[i] == kConstPointer &&
+            tensor.numel() == 1 && tensor.element_size() <= 16) {
+          // A host scalar the kernel reads (Inductor reads 0-dim CPU
+          // tensors inside device kernels): passed by value.
+          HostValue value{static_cast<uint16_t>(i), {}};
+          std::memcpy(value.bytes, tensor.const_data_ptr(),
+                      tensor.element_size());
+          host_values.push_back(value);
+          words[i] = 0;
+          break;
+        }
         if (where.type() != c10::DeviceType::PrivateUse1 ||
             (device >= 0 && where.index() != device)) {
           // Inductor gives a kernel the tensors of one device; anything
@@ -125,7 +140,11 @@ PyObject* callCompiledKernel(PyObject* self, PyObject* const* args,
       }
     }
   }
-  launchCompiledKernel(kernel, words, getCurrentPhantomStream(device));
+  if (device < 0) {
+    device = getCurrentPhantomStream().device_index();  // only host values
+  }
+  launchCompiledKernel(kernel, words, getCurrentPhantomStream(device),
+                       host_values);
   Py_RETURN_NONE;
   END_HANDLE_TH_ERRORS
 }
@@ -164,9 +183,10 @@ py::object makeCompiledKernel(const std::string& library,
                               const std::string& symbol,
                               const std::string& kinds,
                               const std::string& name) {
-  TORCH_CHECK(kinds.find_first_not_of("pif") == std::string::npos,
+  TORCH_CHECK(kinds.find_first_not_of("pcif") == std::string::npos,
               "compiled phantom kernel ", name, ": argument kinds '", kinds,
-              "' may only use p (pointer), i (integer) and f (float)");
+              "' may only use p (pointer), c (pointer to const), i "
+              "(integer) and f (float)");
   TORCH_CHECK(kinds.size() <= UINT16_MAX, "compiled phantom kernel ", name,
               " has too many arguments (", kinds.size(), ")");
   // The handle is kept: the library must stay loaded while any work
@@ -179,7 +199,7 @@ py::object makeCompiledKernel(const std::string& library,
               library, " has no entry point ", symbol);
   std::vector<uint16_t> pointers;
   for (size_t i = 0; i < kinds.size(); ++i) {
-    if (kinds[i] == kPointer) {
+    if (kinds[i] == kPointer || kinds[i] == kConstPointer) {
       pointers.push_back(static_cast<uint16_t>(i));
     }
   }

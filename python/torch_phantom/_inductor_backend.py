@@ -56,12 +56,13 @@ _LINKAGE_MACRO = "PHANTOM_KERNEL_ENTRY_LINKAGE"
 
 def argument_kinds(arg_types) -> str:
     """One letter per kernel argument, from Inductor's C++ argument types:
-    ``p`` a pointer (a tensor), ``i`` an integer (a size), ``f`` a float."""
+    ``p`` a pointer (a tensor), ``c`` a pointer to const (a tensor the
+    kernel only reads), ``i`` an integer (a size), ``f`` a float."""
     kinds = []
     for arg_type in arg_types:
         bare = arg_type.replace("const ", "").strip()
         if bare.endswith("*"):
-            kinds.append("p")
+            kinds.append("c" if arg_type.strip().startswith("const ") else "p")
         elif bare == "float":
             kinds.append("f")
         elif bare in ("int64_t", "long", "int32_t", "int", "bool"):
@@ -79,7 +80,7 @@ def trampoline_source(arg_types) -> str:
     unpacked = []
     for position, (kind, arg_type) in enumerate(zip(argument_kinds(arg_types), arg_types)):
         word = f"args[{position}]"
-        if kind == "p":
+        if kind in "pc":
             unpacked.append(f"reinterpret_cast<{arg_type}>({word})")
         elif kind == "i":
             unpacked.append(f"static_cast<{arg_type.replace('const ', '')}>({word})")
@@ -210,6 +211,9 @@ def register() -> None:
     global _registered
     if _registered:
         return
+    from . import _inductor_patches
+
+    _inductor_patches.apply()
     register_backend_for_device(BACKEND_NAME, PhantomCppScheduling, PhantomWrapperCodegen)
     register_device_op_overrides(BACKEND_NAME, PhantomDeviceOpOverrides())
     _registered = True

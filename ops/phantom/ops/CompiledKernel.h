@@ -49,12 +49,23 @@ const CompiledKernel* internCompiledKernel(CompiledKernelEntry entry,
                                            std::vector<uint16_t> pointer_args,
                                            size_t num_args);
 
+// A value the kernel reads through a pointer argument but that lives in
+// host memory: a 0-dim CPU tensor (an optimizer's step count, a Python
+// number Dynamo wrapped) read by a device kernel. Its bytes are taken at
+// the launch, as a GPU kernel receives a host scalar by value, and the
+// kernel gets a pointer to that copy.
+struct HostValue {
+  uint16_t position;  // the argument's position
+  alignas(16) unsigned char bytes[16];  // up to a complex double
+};
+
 // Queues `kernel` on `stream` with `args` (num_args words; pointer
-// arguments are device addresses, or 0 for an empty tensor) and returns.
-// An exception the kernel throws becomes the stream's error, reported by
-// the next synchronisation, naming the kernel.
+// arguments are device addresses, or 0 for an empty tensor or a host
+// value) and returns. An exception the kernel throws becomes the stream's
+// error, reported by the next synchronisation, naming the kernel.
 void launchCompiledKernel(const CompiledKernel& kernel,
                           c10::ArrayRef<uint64_t> args,
-                          const PhantomStream& stream);
+                          const PhantomStream& stream,
+                          c10::ArrayRef<HostValue> host_values = {});
 
 }  // namespace phantom
