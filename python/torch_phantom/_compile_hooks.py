@@ -13,6 +13,8 @@ registries and, right after one of them has run, registers phantom in it:
   (``_dynamo_interface.py``);
 - ``torch._dynamo.utils``: ``is_compile_supported("phantom")`` answers
   True (torch's own answer is False for any device it does not list);
+- ``torch._dynamo`` (once the whole package has run): phantom's stream
+  functions and classes become traceable as CUDA's are;
 - ``torch._inductor.codegen.cpp`` and ``torch._inductor.codegen.wrapper``
   (whichever finishes last): phantom's Inductor backend, whose classes
   subclass the C++ scheduling and the Python wrapper defined there
@@ -39,6 +41,12 @@ def _register_dynamo_interface(_module) -> None:
     from . import _dynamo_interface
 
     _dynamo_interface.register()
+
+
+def _make_streams_traceable(_module) -> None:
+    from . import _dynamo_interface
+
+    _dynamo_interface.make_streams_traceable()
 
 
 def _patch_is_compile_supported(utils_module) -> None:
@@ -79,6 +87,7 @@ def _register_inductor_backend(_module) -> None:
 
 
 _HOOKS: Dict[str, Callable] = {
+    "torch._dynamo": _make_streams_traceable,
     "torch._dynamo.device_interface": _register_dynamo_interface,
     "torch._dynamo.utils": _patch_is_compile_supported,
     "torch._inductor.codegen.cpp": _register_inductor_backend,

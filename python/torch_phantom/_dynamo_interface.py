@@ -154,3 +154,37 @@ def register() -> None:
     _di.register_interface_for_device(BACKEND_NAME, PhantomInterface)
     for index in range(_C._device_count()):
         _di.register_interface_for_device(f"{BACKEND_NAME}:{index}", PhantomInterface)
+
+
+def make_streams_traceable() -> None:
+    """Lets Dynamo trace phantom's streams and events as it traces CUDA's.
+
+    Dynamo knows ``torch.cuda``'s stream functions and its ``Stream`` and
+    ``Event`` classes by name; phantom's would be traced into, and stop at
+    the first ``_C`` call (a graph break, an error under fullgraph). So
+    the functions are put in the graph as CUDA's are (``allow_in_graph``:
+    Dynamo then recognises them as this interface's ``stream`` and
+    ``current_stream``), and the classes join the classes Dynamo
+    constructs at trace time and passes to the graph as objects. Runs
+    once ``torch._dynamo`` has finished importing (``_compile_hooks``)."""
+    import functools
+
+    from torch._dynamo.variables.user_defined import UserDefinedClassVariable
+
+    phantom = torch.phantom
+    torch.compiler.allow_in_graph([
+        phantom.current_stream,
+        phantom.default_stream,
+        phantom.set_stream,
+        phantom.stream,
+    ])
+    original = UserDefinedClassVariable._in_graph_classes
+    if getattr(original, "_phantom_wrapped", False):
+        return
+
+    @functools.cache
+    def in_graph_classes():
+        return original() | {phantom.Stream, phantom.Event}
+
+    in_graph_classes._phantom_wrapped = True  # type: ignore[attr-defined]
+    UserDefinedClassVariable._in_graph_classes = staticmethod(in_graph_classes)

@@ -172,6 +172,7 @@ class PhantomWrapperCodegen(_PhantomWrapperMixin, PythonWrapperCodegen):
             """
                 from torch_phantom._inductor_kernels import PhantomAsyncCompile
                 from torch_phantom._inductor_kernels import empty_strided_phantom
+                from torch_phantom._inductor_kernels import PhantomDeviceGuard, phantom_set_device
                 async_compile = PhantomAsyncCompile()
             """,
             strip=True,
@@ -187,14 +188,16 @@ class PhantomDeviceOpOverrides(DeviceOpOverrides):
     def import_get_raw_stream_as(self, name: str) -> str:
         return f"from torch_phantom._inductor_kernels import get_raw_stream as {name}"
 
+    # The guard and set_device run at every call of a compiled graph: they
+    # are _C's calls, not torch.phantom's (which check initialisation).
     def set_device(self, device_idx: int) -> str:
-        return f"torch.{BACKEND_NAME}.set_device({device_idx})"
+        return f"phantom_set_device({device_idx})"
 
     def synchronize(self) -> str:
         return f"torch.{BACKEND_NAME}.synchronize()"
 
     def device_guard(self, device_idx: int) -> str:
-        return f"torch.{BACKEND_NAME}.device({device_idx})"
+        return f"PhantomDeviceGuard({device_idx})"
 
     def current_stream(self) -> str:
         return f"torch.{BACKEND_NAME}.current_stream()"

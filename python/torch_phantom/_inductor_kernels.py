@@ -13,6 +13,8 @@ The Python module Inductor writes for a phantom graph imports this module
 - ``empty_strided_phantom`` allocates a buffer from the caching allocator
   on the current stream of a phantom device.
 - ``get_raw_stream`` is the driver handle of a device's current stream.
+- ``PhantomDeviceGuard`` and ``phantom_set_device`` make a graph's device
+  current while it runs (Inductor's device guard lines).
 """
 
 from torch._inductor.async_compile import AsyncCompile, get_compile_threads
@@ -24,8 +26,31 @@ from ._inductor_backend import ENTRY_MARK, ENTRY_SYMBOL, argument_kinds
 empty_strided_phantom = _C._empty_strided_phantom
 
 
+phantom_set_device = _C._set_device
+
+
 def get_raw_stream(device_index: int) -> int:
     return _C._raw_stream(device_index)
+
+
+class PhantomDeviceGuard:
+    """``with PhantomDeviceGuard(i):`` makes device ``i`` current and
+    restores the previous one on exit (the device was initialised by the
+    tensors that reached the graph)."""
+
+    __slots__ = ("index", "previous")
+
+    def __init__(self, index: int):
+        self.index = index
+        self.previous = -1
+
+    def __enter__(self):
+        self.previous = _C._exchange_device(self.index)
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        _C._set_device(self.previous)
+        return False
 
 
 def _kernel_name(source_code: str) -> str:

@@ -12,7 +12,11 @@ tries loop reindexing that the C++ backend does not support (it fails
 outright on a softmax followed by a mean).
 
 ``apply()`` wraps exactly those functions so that a phantom device gets
-the CPU's answer; every other device gets torch's own. Each wrapped
+the CPU's answer; every other device gets torch's own. One more is about
+the device, not the kernels: ``device_need_guard()`` is True only for
+GPUs, and without it a graph runs without its device's guard and, with
+user streams in the graph, without the variables that name the streams;
+phantom has devices and streams as a GPU does, so it gets True. Each wrapped
 function is replaced wherever a loaded ``torch._inductor`` module bound it
 by name (modules imported later bind the wrapped one). Lowering decisions
 that compare ``device.type`` inline (a division by a constant becomes a
@@ -74,4 +78,12 @@ def apply() -> None:
 
     ir_is_cpu.__wrapped__ = original_ir_is_cpu  # type: ignore[attr-defined]
     _replace_everywhere(ir, "is_cpu", ir_is_cpu)
+
+    original_need_guard = utils.device_need_guard
+
+    def device_need_guard(device: str) -> bool:
+        return device == BACKEND_NAME or original_need_guard(device)
+
+    device_need_guard.__wrapped__ = original_need_guard  # type: ignore[attr-defined]
+    _replace_everywhere(utils, "device_need_guard", device_need_guard)
     _applied = True
