@@ -101,7 +101,7 @@ def trampoline_source(arg_types) -> str:
 
 
 # Defined before the kernel: Inductor finds the kernel's declaration as the
-# last `extern "C"` of the source, which the trampoline must not be.
+# last `extern "C"` of the source, which the trampoline's must not be.
 _PREAMBLE = (
     "#include <cstdint>\n#include <cstring>\n"
     f'#define {_LINKAGE_MACRO} extern "C" __attribute__((visibility("default")))\n'
@@ -115,7 +115,11 @@ class PhantomCppScheduling(CppScheduling):
     def define_kernel(self, src_code, nodes, kernel_args=None):
         args = self.kernel_group.args if kernel_args is None else kernel_args
         _, _, arg_types = args.cpp_argdefs()
-        src_code = _PREAMBLE + src_code + trampoline_source(arg_types)
+        # The preamble goes right before the kernel, after cpp_prefix.h,
+        # which Inductor compiles into a precompiled header.
+        kernel_start = src_code.rfind('extern "C"')
+        src_code = (src_code[:kernel_start] + _PREAMBLE + src_code[kernel_start:]
+                    + trampoline_source(arg_types))
         return super().define_kernel(src_code, nodes, kernel_args)
 
 
