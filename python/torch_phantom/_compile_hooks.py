@@ -38,9 +38,10 @@ _lock = threading.Lock()
 
 
 def _register_dynamo_interface(_module) -> None:
-    from . import _dynamo_interface
-
-    _dynamo_interface.register()
+    # The module registers the interface when its body has run (also when
+    # something else imported it first, and that import is what brought
+    # Dynamo in).
+    from . import _dynamo_interface  # noqa: F401
 
 
 def _make_streams_traceable(_module) -> None:
@@ -81,9 +82,8 @@ def _register_inductor_backend(_module) -> None:
     # Both modules must have run: the backend's classes subclass theirs.
     if all(name in sys.modules and name not in _Finder.running
            for name in _INDUCTOR_MODULES):
-        from . import _inductor_backend
-
-        _inductor_backend.register()
+        # Registers the backend when its body has run (see above).
+        from . import _inductor_backend  # noqa: F401
 
 
 _HOOKS: Dict[str, Callable] = {

@@ -4,7 +4,7 @@ Dynamo traces device code through a per-device table of the runtime calls
 ``torch.cuda`` offers (current device and stream, guards, events,
 synchronize, properties). ``PhantomInterface`` fills that table from
 ``torch.phantom``; it is registered for ``"phantom"`` and ``"phantom:<i>"``
-by ``register()``, which ``_compile_hooks`` runs right after
+when this module is imported, which ``_compile_hooks`` does right after
 ``torch._dynamo.device_interface`` is imported (never from
 ``import torch_phantom``).
 
@@ -150,10 +150,12 @@ class PhantomInterface(_di.DeviceInterface):
 
 def register() -> None:
     """Registers ``PhantomInterface`` for ``phantom`` and each
-    ``phantom:<i>``, as Dynamo registers CUDA's. Idempotent."""
+    ``phantom:<i>``, as Dynamo registers CUDA's. Idempotent; run when this
+    module is imported."""
     _di.register_interface_for_device(BACKEND_NAME, PhantomInterface)
     for index in range(_C._device_count()):
         _di.register_interface_for_device(f"{BACKEND_NAME}:{index}", PhantomInterface)
+
 
 
 def make_streams_traceable() -> None:
@@ -188,3 +190,6 @@ def make_streams_traceable() -> None:
 
     in_graph_classes._phantom_wrapped = True  # type: ignore[attr-defined]
     UserDefinedClassVariable._in_graph_classes = staticmethod(in_graph_classes)
+
+
+register()

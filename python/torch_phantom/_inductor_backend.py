@@ -27,8 +27,8 @@ A vendor with a real code generator replaces ``PhantomCppScheduling``
 (with Triton's scheduling, or their own) and the launcher; the wrapper's
 allocation and stream handling stay (docs/compile.md).
 
-Registered by ``register()``, which ``_compile_hooks`` calls once
-``torch._inductor.codegen.cpp`` and ``.wrapper`` have been imported.
+Registered when this module is imported, which ``_compile_hooks`` does
+once ``torch._inductor.codegen.cpp`` and ``.wrapper`` have been imported.
 """
 
 from torch._inductor.codegen.common import (
@@ -41,6 +41,7 @@ from torch._inductor.codegen.wrapper import (
     PythonWrapperCodegen,
     SubgraphPythonWrapperCodegen,
 )
+from torch._inductor.custom_graph_pass import CustomGraphModulePass, get_hash_for_files
 from torch._inductor.utils import Placeholder
 
 from ._name import BACKEND_NAME
@@ -210,17 +211,54 @@ class PhantomDeviceOpOverrides(DeviceOpOverrides):
         return f"{stream_name}.stream_id"
 
 
+class PhantomCodegenIdentity(CustomGraphModulePass):
+    """Keeps Inductor's caches honest about phantom's code generator.
+
+    Inductor's FX graph cache stores the generated code of a graph under a
+    key that covers torch and Inductor's configuration, not a backend's
+    own code: after an upgrade of phantom, a graph compiled before would
+    come back with the old trampolines, which the new launcher may call
+    differently. A backend's custom pass is part of the key through its
+    ``uuid()``, so phantom registers this pass, which changes nothing in
+    the graph and whose uuid hashes the files that shape phantom's
+    generated code and its launcher's calling convention."""
+
+    FILES = ("_inductor_backend.py", "_inductor_kernels.py", "_inductor_patches.py")
+
+    def __call__(self, gm) -> None:
+        pass
+
+    def __init__(self):
+        self._uuid = None
+
+    def uuid(self):
+        if self._uuid is None:  # once per process: the files do not change
+            import os
+
+            from . import _C
+
+            here = os.path.dirname(os.path.abspath(__file__))
+            paths = tuple(os.path.join(here, name) for name in self.FILES) + (_C.__file__,)
+            self._uuid = get_hash_for_files(paths)
+        return self._uuid
+
+
 _registered = False
 
 
 def register() -> None:
-    """Registers the backend and the device op overrides. Idempotent."""
+    """Registers the backend and the device op overrides. Idempotent; run
+    when this module is imported."""
     global _registered
     if _registered:
         return
     from . import _inductor_patches
 
     _inductor_patches.apply()
-    register_backend_for_device(BACKEND_NAME, PhantomCppScheduling, PhantomWrapperCodegen)
+    register_backend_for_device(BACKEND_NAME, PhantomCppScheduling, PhantomWrapperCodegen,
+                                device_custom_pass=PhantomCodegenIdentity())
     register_device_op_overrides(BACKEND_NAME, PhantomDeviceOpOverrides())
     _registered = True
+
+
+register()

@@ -1,0 +1,56 @@
+"""The example models (examples/train_models.py) train under torch.compile
+on phantom as they train eagerly on the CPU.
+
+Each model's forward is compiled (Inductor; AOTAutograd compiles the
+backward too) and trained for a few steps on phantom from the CPU's
+initial weights and batches; losses and final parameters are compared
+with the same steps run eagerly on the CPU. Compiled kernels are the CPU's
+own generated code, which fuses and reorders float arithmetic, so the
+comparison has a tolerance where eager phantom is bit-exact.
+"""
+
+import os
+import sys
+
+import pytest
+import torch
+import torch._dynamo
+import torch._inductor.config
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples"))
+import train_models  # noqa: E402
+
+STEPS = 3
+TOLERANCE = {"rtol": 1e-4, "atol": 1e-5}
+
+
+def _train(name, device, compiled, steps=STEPS, seed=0):
+    spec = train_models.MODELS[name]
+    torch.manual_seed(seed)
+    model = spec.make_model().to(device)
+    batches = spec.make_batches(steps, torch.Generator().manual_seed(seed + 1))
+    optimizer = spec.optimizer(list(model.parameters()))
+    forward = torch.compile(model) if compiled else model
+    torch.manual_seed(seed + 2)
+    model.train()
+    losses = []
+    for batch in batches:
+        optimizer.zero_grad()
+        loss = spec.loss(forward(*[t.to(device) for t in batch.inputs]),
+                         batch.target.to(device))
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses, {k: v.detach().cpu() for k, v in model.state_dict().items()}
+
+
+@pytest.mark.parametrize("name", ["mlp", "cnn", "transformer", "lstm", "dlrm-adam"])
+def test_compiled_training_matches_eager_cpu(name):
+    torch._dynamo.reset()
+    with torch._inductor.config.patch(compile_threads=1):
+        losses, parameters = _train(name, "phantom", compiled=True)
+    expected_losses, expected_parameters = _train(name, "cpu", compiled=False)
+    torch.testing.assert_close(losses, expected_losses, **TOLERANCE)
+    for key, expected in expected_parameters.items():
+        torch.testing.assert_close(parameters[key], expected, msg=key, **TOLERANCE)
+    torch._dynamo.reset()
