@@ -2,11 +2,14 @@
 on phantom as they train eagerly on the CPU.
 
 Each model's forward is compiled (Inductor; AOTAutograd compiles the
-backward too) and trained for a few steps on phantom from the CPU's
-initial weights and batches; losses and final parameters are compared
-with the same steps run eagerly on the CPU. Compiled kernels are the CPU's
-own generated code, which fuses and reorders float arithmetic, so the
-comparison has a tolerance where eager phantom is bit-exact.
+backward too) and trained for a few steps on phantom and on the CPU from
+the same initial weights and batches; losses and final parameters are
+compared. The reference is the CPU's compiled run: Inductor's dropout
+draws its masks its own way (seeds from the device's generator, which on
+phantom are the CPU's numbers), so no compiled run matches an eager one.
+The MLP and the DLRM agree bit for bit; convolution and attention models
+within float32 rounding (their extern kernels are the same, the
+summation order of some fused reductions is not always).
 """
 
 import os
@@ -21,6 +24,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples
 import train_models  # noqa: E402
 
 STEPS = 3
+BIT_EXACT = {"mlp", "dlrm-adam"}
 TOLERANCE = {"rtol": 1e-4, "atol": 1e-5}
 
 
@@ -45,12 +49,19 @@ def _train(name, device, compiled, steps=STEPS, seed=0):
 
 
 @pytest.mark.parametrize("name", ["mlp", "cnn", "transformer", "lstm", "dlrm-adam"])
-def test_compiled_training_matches_eager_cpu(name):
-    torch._dynamo.reset()
+def test_compiled_training_matches_the_cpu(name):
     with torch._inductor.config.patch(compile_threads=1):
+        torch._dynamo.reset()
         losses, parameters = _train(name, "phantom", compiled=True)
-    expected_losses, expected_parameters = _train(name, "cpu", compiled=False)
+        torch._dynamo.reset()
+        expected_losses, expected_parameters = _train(name, "cpu", compiled=True)
+    assert losses[-1] == losses[-1]  # not NaN
+    if name in BIT_EXACT:
+        assert losses == expected_losses
     torch.testing.assert_close(losses, expected_losses, **TOLERANCE)
     for key, expected in expected_parameters.items():
         torch.testing.assert_close(parameters[key], expected, msg=key, **TOLERANCE)
+    # Training did something (the comparison is not between two no-ops).
+    initial = _train(name, "cpu", compiled=False, steps=0)[1]
+    assert any(not torch.equal(initial[k], expected_parameters[k]) for k in initial)
     torch._dynamo.reset()
