@@ -189,6 +189,31 @@ class PhantomSubgraphWrapperCodegen(_PhantomWrapperMixin, SubgraphPythonWrapperC
     graph's header, so they need only the call and allocation changes."""
 
 
+class PhantomCppWrapperRefusal:
+    """Inductor's C++ wrapper (``cpp_wrapper=True``, and AOTInductor, which
+    always uses it) for phantom: not supported, said at the call.
+
+    The C++ wrapper calls kernels directly from the generated C++ on the
+    calling thread, and AOTInductor's model runtime, compiled into every
+    package (``torch/csrc/inductor/aoti_runtime/model_base.h``), accepts
+    only ``cpu``, ``cuda``, ``xpu`` and ``mps`` devices for the model's
+    constants and buffers. docs/compile.md says what supporting phantom
+    would take."""
+
+    supports_caching = False
+
+    @staticmethod
+    def create(*args, **kwargs):
+        raise NotImplementedError(
+            f"Inductor's C++ wrapper (cpp_wrapper=True, and AOTInductor) cannot "
+            f"target the {BACKEND_NAME} device: AOTInductor's model runtime accepts "
+            f"only cpu, cuda, xpu and mps, and the C++ wrapper would call kernels "
+            f"on the host thread. Use torch.compile with the default Python "
+            f"wrapper (for an exported program: torch.compile(ep.module())); "
+            f"see docs/compile.md"
+        )
+
+
 class PhantomDeviceOpOverrides(DeviceOpOverrides):
     def import_get_raw_stream_as(self, name: str) -> str:
         return f"from torch_phantom._inductor_kernels import get_raw_stream as {name}"
@@ -256,6 +281,7 @@ def register() -> None:
 
     _inductor_patches.apply()
     register_backend_for_device(BACKEND_NAME, PhantomCppScheduling, PhantomWrapperCodegen,
+                                PhantomCppWrapperRefusal,
                                 device_custom_pass=PhantomCodegenIdentity())
     register_device_op_overrides(BACKEND_NAME, PhantomDeviceOpOverrides())
     _registered = True

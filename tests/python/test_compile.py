@@ -452,3 +452,15 @@ def test_max_autotune_no_cudagraphs():
     a, b = torch.randn(32, 32), torch.randn(32, 32)
     compiled = torch.compile(fn, mode="max-autotune-no-cudagraphs")
     _close(compiled(_phantom(a), _phantom(b)), fn(a, b), rtol=1e-5, atol=1e-5)
+
+
+def test_aot_inductor_is_refused_clearly_and_exported_programs_compile():
+    model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.GELU()).to("phantom")
+    x = torch.randn(3, 8, device="phantom")
+    exported = torch.export.export(model, (x,))
+    with pytest.raises(torch._inductor.exc.InductorError,
+                       match="C\\+\\+ wrapper .* cannot target the phantom "
+                                        "device: AOTInductor's model runtime accepts only"):
+        torch._inductor.aoti_compile_and_package(exported)
+    compiled = torch.compile(exported.module())
+    _close(compiled(x), model(x).detach().cpu())
