@@ -111,7 +111,24 @@ _PREAMBLE = (
 
 class PhantomCppScheduling(CppScheduling):
     """Inductor's C++/OpenMP kernels, each with a trampoline the phantom
-    launcher calls on a stream's worker."""
+    launcher calls on a stream's worker.
+
+    The C++ backend gathers consecutive nodes into one kernel function and
+    writes it out later (at a flush); on the CPU, where it runs in the
+    calling thread, that is only a matter of fewer calls. On phantom the
+    call's place in the generated code decides its stream: in a graph with
+    user streams, a kernel gathered across a stream switch, or written out
+    after the stream's block, would run on another stream than its nodes
+    (and use buffers allocated for the first one). So in such graphs each
+    node's kernel is written out right after the node, inside its stream's
+    block."""
+
+    def ready_to_flush(self) -> bool:
+        from torch._inductor.virtualized import V
+
+        if V.graph.scheduler._has_multi_stream_nodes():
+            return True
+        return super().ready_to_flush()
 
     def define_kernel(self, src_code, nodes, kernel_args=None):
         args = self.kernel_group.args if kernel_args is None else kernel_args

@@ -445,6 +445,33 @@ def test_streams_and_events_inside_the_compiled_region():
     assert "torch.ops.streams.record_event" in code and "torch.ops.streams.wait_event" in code
 
 
+def test_each_kernel_runs_on_its_stream():
+    """The C++ backend gathers nodes into one kernel; phantom must not
+    gather across streams, and each kernel is called inside its stream's
+    block: the multiplication runs on the side stream (stuck behind a slow
+    kernel there), the cosine on the default one."""
+    side = torch.phantom.Stream()
+
+    def fn(x):
+        z = x.cos()
+        with torch.phantom.stream(side):
+            y = x * 2
+        return y, z
+
+    x = torch.randn(100)
+    compiled = torch.compile(fn, fullgraph=True)
+    (y, z), (code,) = run_and_get_code(compiled, _phantom(x))
+    torch.phantom.synchronize()
+    on_side = code.split("with stream1:")[1].split("with default_stream:")[0]
+    assert "cpp_fused_mul" in on_side and "cos" not in on_side
+    slow_kernel_on(side, microseconds=300_000)
+    y, z = compiled(_phantom(x))
+    assert not side.query()
+    torch.phantom.synchronize()
+    _close(y, x * 2)
+    _close(z, x.cos())
+
+
 def test_max_autotune_no_cudagraphs():
     def fn(a, b):
         return (a @ b).relu() + 1
@@ -460,7 +487,7 @@ def test_aot_inductor_is_refused_clearly_and_exported_programs_compile():
     exported = torch.export.export(model, (x,))
     with pytest.raises(torch._inductor.exc.InductorError,
                        match="C\\+\\+ wrapper .* cannot target the phantom "
-                                        "device: AOTInductor's model runtime accepts only"):
+                             "device: AOTInductor's model runtime accepts only"):
         torch._inductor.aoti_compile_and_package(exported)
     compiled = torch.compile(exported.module())
     _close(compiled(x), model(x).detach().cpu())
