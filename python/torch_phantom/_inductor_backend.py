@@ -194,7 +194,7 @@ class PhantomWrapperCodegen(_PhantomWrapperMixin, PythonWrapperCodegen):
             """
                 from torch_phantom._inductor_kernels import PhantomAsyncCompile
                 from torch_phantom._inductor_kernels import empty_strided_phantom
-                from torch_phantom._inductor_kernels import PhantomDeviceGuard, phantom_set_device
+                from torch_phantom._inductor_kernels import PhantomDeviceGuard
                 async_compile = PhantomAsyncCompile()
             """,
             strip=True,
@@ -235,10 +235,12 @@ class PhantomDeviceOpOverrides(DeviceOpOverrides):
     def import_get_raw_stream_as(self, name: str) -> str:
         return f"from torch_phantom._inductor_kernels import get_raw_stream as {name}"
 
-    # The guard and set_device run at every call of a compiled graph: they
-    # are _C's calls, not torch.phantom's (which check initialisation).
+    # The guard runs at every call of a compiled graph: it makes _C's calls,
+    # not torch.phantom's (which check initialisation). Inductor writes a
+    # set_device line right after entering the guard, which has already
+    # made the device current.
     def set_device(self, device_idx: int) -> str:
-        return f"phantom_set_device({device_idx})"
+        return "pass  # PhantomDeviceGuard made the device current"
 
     def synchronize(self) -> str:
         return f"torch.{BACKEND_NAME}.synchronize()"

@@ -13,8 +13,8 @@ The Python module Inductor writes for a phantom graph imports this module
 - ``empty_strided_phantom`` allocates a buffer from the caching allocator
   on the current stream of a phantom device.
 - ``get_raw_stream`` is the driver handle of a device's current stream.
-- ``PhantomDeviceGuard`` and ``phantom_set_device`` make a graph's device
-  current while it runs (Inductor's device guard lines).
+- ``PhantomDeviceGuard`` makes a graph's device current while it runs
+  (Inductor's device guard line).
 """
 
 from torch._inductor.async_compile import AsyncCompile, get_compile_threads
@@ -24,9 +24,6 @@ from . import _C
 from ._inductor_backend import ENTRY_MARK, ENTRY_SYMBOL, argument_kinds
 
 empty_strided_phantom = _C._empty_strided_phantom
-
-
-phantom_set_device = _C._set_device
 
 
 def get_raw_stream(device_index: int) -> int:
@@ -49,7 +46,8 @@ class PhantomDeviceGuard:
         return self
 
     def __exit__(self, *exc) -> bool:
-        _C._set_device(self.previous)
+        if self.previous != self.index:  # one call per graph when unchanged
+            _C._set_device(self.previous)
         return False
 
 
