@@ -305,6 +305,32 @@ def test_inductors_cache_key_covers_phantoms_code_generator(tmp_path, monkeypatc
     assert uuid_of("one version") != uuid_of("another version")
 
 
+def test_convolution_strides_are_what_fake_tensors_say():
+    """Compiled code asserts that an extern kernel's output has the strides
+    its fake tensor had when traced. For a phantom convolution that is
+    ATen's rule for a PrivateUse1 device (contiguous), also for a
+    channels-last input, whose format the CPU's kernel would keep."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    x = torch.randn(2, 3, 6, 6).to(memory_format=torch.channels_last)
+    w = torch.randn(4, 3, 3, 3).to(memory_format=torch.channels_last)
+    px, pw = _phantom(x).requires_grad_(), _phantom(w).requires_grad_()
+    out = torch.nn.functional.conv2d(px, pw, padding=1)
+    grad_x, grad_w = torch.autograd.grad(out.sum(), (px, pw))
+    mode = FakeTensorMode()
+    fx, fw = mode.from_tensor(px), mode.from_tensor(pw)
+    with mode:
+        fake_out = torch.nn.functional.conv2d(fx, fw, padding=1)
+        fake_grads = torch.ops.aten.convolution_backward(
+            torch.ones_like(fake_out), fx, fw, None, [1, 1], [1, 1], [1, 1], False,
+            [0, 0], 1, [True, True, False])
+    assert out.stride() == fake_out.stride()
+    assert (grad_x.stride(), grad_w.stride()) == (fake_grads[0].stride(), fake_grads[1].stride())
+    compiled = torch.compile(lambda a, b: torch.nn.functional.conv2d(a, b, padding=1).relu())
+    _close(compiled(_phantom(x), _phantom(w)),
+           torch.nn.functional.conv2d(x, w, padding=1).relu(), rtol=1e-5, atol=1e-5)
+
+
 def test_second_device():
     x = torch.randn(8, 5)
     compiled = torch.compile(lambda t: (t.sin() * 3).sum(1))
