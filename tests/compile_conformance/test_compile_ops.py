@@ -5,7 +5,7 @@ The approach of PyTorch's own Inductor OpInfo test
 first float32 sample goes through ``torch.compile(fullgraph=True)`` with
 Inductor, and the compiled result is compared with the op run eagerly on
 the CPU. It is done twice, on the CPU and on phantom, from the same sample
-(same values, same memory layout). Only ops the CPU compiles and gets
+(generated on phantom and copied to the CPU with the same memory layout). Only ops the CPU compiles and gets
 right count: phantom must do the same for each of them, or be listed with
 its reason in ``expected_failures.json`` (docs/compile.md). An op the CPU
 does not compile correctly is reported (with the CPU's error) and
@@ -52,38 +52,50 @@ ALL_OPS = sorted(
 OPS = ALL_OPS if FULL else ALL_OPS[::STRIDE]
 
 
-def _same_layout(t, device):
-    """``t`` on ``device`` with the same sizes, strides and storage offset
-    over a copy of its whole storage: the compiled code sees the same
-    memory layout on both devices."""
-    if not isinstance(t, torch.Tensor) or t.layout != torch.strided:
+def _cpu_same_layout(t):
+    """A CPU copy of the phantom tensor ``t`` with the same sizes, strides
+    and storage offset over a copy of its whole storage: the compiled code
+    sees the same memory layout on both devices. Tensors the sample put on
+    the CPU (indices some ops require there) stay as they are."""
+    if not isinstance(t, torch.Tensor) or t.device.type != DEVICE or t.layout != torch.strided:
         return t
     t = t.detach()
     storage = t.untyped_storage()
     flat = t.new_empty(0).set_(storage, 0, (storage.nbytes() // t.element_size(),), (1,))
-    return flat.to(device).as_strided(t.shape, t.stride(), t.storage_offset())
+    return flat.cpu().as_strided(t.shape, t.stride(), t.storage_offset())
 
 
-def _names_cpu(value):
+def _names_phantom(value):
     if isinstance(value, torch.device):
-        return value.type == "cpu"
-    return isinstance(value, str) and value in ("cpu", "cpu:0")
+        return value.type == DEVICE
+    if isinstance(value, str):
+        try:
+            return torch.device(value).type == DEVICE
+        except (RuntimeError, ValueError):
+            return False
+    return False
 
 
-def _on_device(sample, device):
-    """The sample's arguments on ``device``; device arguments that name
-    the CPU (a factory's ``device="cpu"``) name ``device`` instead."""
+def _arguments(sample):
+    return [sample.input, *sample.args], dict(sample.kwargs)
+
+
+def _on_cpu(sample):
+    """The sample's arguments for the CPU: phantom tensors copied (same
+    layout), device arguments naming phantom (a factory's ``device=``)
+    naming the CPU."""
     def move(value):
-        if _names_cpu(value):
-            return torch.device(device) if isinstance(value, torch.device) else device
-        return _same_layout(value, device)
+        if _names_phantom(value):
+            return torch.device("cpu") if isinstance(value, torch.device) else "cpu"
+        return _cpu_same_layout(value)
 
-    return tree_map(move, ([sample.input, *sample.args], dict(sample.kwargs)))
+    return tree_map(move, _arguments(sample))
 
 
 def _names_a_device(sample):
     leaves = tree_flatten((sample.args, sample.kwargs))[0]
-    return any(isinstance(x, torch.device) or _names_cpu(x) for x in leaves)
+    return any(isinstance(x, torch.device) or _names_phantom(x)
+               or (isinstance(x, str) and x.startswith("cpu")) for x in leaves)
 
 
 def _describe(error):
@@ -109,27 +121,26 @@ def _compiled(op, args, kwargs):
     return result
 
 
-def _verdict(op, sample, device, expected):
-    """None if the op compiled on ``device`` and matched the CPU's eager
-    result, else the reason."""
-    args, kwargs = _on_device(sample, device) if device != "cpu" else (
-        [sample.input, *sample.args], dict(sample.kwargs))
+def _verdict(op, args, kwargs, device, expected, strict_device):
+    """None if the op, compiled, ran on ``device``'s arguments and matched
+    the CPU's eager result, else the reason."""
     try:
         actual = _compiled(op, args, kwargs)
     except Exception as error:  # noqa: BLE001 - the verdict
         return f"compile or run: {_describe(error)}"
     check = shape_check if op.name in UNDEFINED_VALUES else compare
     try:
-        check(actual, expected, device if device != "cpu" else "cpu",
-              strict_device=not _names_a_device(sample))
+        check(actual, expected, device, strict_device=strict_device)
     except Mismatch as error:
         return f"mismatch: {str(error).splitlines()[0][:300]}"
     return None
 
 
 def _first_sample(op):
+    """The first float32 sample, generated on phantom (as the eager suite
+    does) from a fixed seed."""
     torch.manual_seed(0)
-    return next(iter(op.sample_inputs("cpu", DTYPE, requires_grad=False)))
+    return next(iter(op.sample_inputs(DEVICE, DTYPE, requires_grad=False)))
 
 
 @pytest.mark.parametrize("op", OPS, ids=[op.full_name for op in OPS])
@@ -144,19 +155,22 @@ def test_compiled_op(op):
     except StopIteration:
         RECORDER.record(key, "not-applicable", reason="the OpInfo has no float32 sample")
         pytest.skip("the OpInfo has no float32 sample")
+    cpu_args, cpu_kwargs = _on_cpu(sample)
     torch.manual_seed(SEED)
     try:
-        expected = op.get_op()(sample.input, *sample.args, **sample.kwargs)
+        expected = op.get_op()(*cpu_args, **cpu_kwargs)
     except Exception as error:  # noqa: BLE001
         RECORDER.record(key, "not-applicable", reason=f"eager CPU raises {_describe(error)}")
         pytest.skip(f"the sample raises on the CPU: {_describe(error)}")
+    strict = not _names_a_device(sample)
 
-    cpu = _verdict(op, sample, "cpu", expected)
+    cpu = _verdict(op, cpu_args, cpu_kwargs, "cpu", expected, strict)
     if cpu is not None:
         RECORDER.record(key, "cpu-fails", reason=cpu)
         pytest.skip(f"not counted: the CPU does not compile it correctly either ({cpu})")
 
-    phantom = _verdict(op, sample, DEVICE, expected)
+    args, kwargs = _arguments(sample)
+    phantom = _verdict(op, args, kwargs, DEVICE, expected, strict)
     if entry is not None:  # kind == "xfail"
         if phantom is not None:
             RECORDER.record(key, "xfailed", reason=entry["reason"], error=phantom)
