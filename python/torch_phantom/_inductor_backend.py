@@ -265,7 +265,15 @@ class PhantomCodegenIdentity(CustomGraphModulePass):
     differently. A backend's custom pass is part of the key through its
     ``uuid()``, so phantom registers this pass, which changes nothing in
     the graph and whose uuid hashes the files that shape phantom's
-    generated code and its launcher's calling convention."""
+    generated code and its launcher's calling convention.
+
+    The uuid also carries the thread count the C++ kernels are generated
+    for (``parallel_num_threads()``: per-thread accumulators and the
+    cascade summation's depths depend on it). Inductor adds that count to
+    the key only for graphs with CPU tensors, so without it a phantom graph
+    compiled under 2 threads would be taken from the cache under 1 thread
+    (a different summation than the CPU's), or under more threads than it
+    has accumulators for."""
 
     FILES = ("_inductor_backend.py", "_inductor_kernels.py", "_inductor_patches.py")
 
@@ -276,7 +284,7 @@ class PhantomCodegenIdentity(CustomGraphModulePass):
         self._uuid = None
 
     def uuid(self):
-        if self._uuid is None:  # once per process: the files do not change
+        if self._uuid is None:  # the files do not change while the process runs
             import os
 
             from . import _C
@@ -284,7 +292,9 @@ class PhantomCodegenIdentity(CustomGraphModulePass):
             here = os.path.dirname(os.path.abspath(__file__))
             paths = tuple(os.path.join(here, name) for name in self.FILES) + (_C.__file__,)
             self._uuid = get_hash_for_files(paths)
-        return self._uuid
+        from torch._inductor.utils import parallel_num_threads
+
+        return (self._uuid, parallel_num_threads())
 
 
 _registered = False

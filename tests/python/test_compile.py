@@ -331,6 +331,24 @@ def test_convolution_strides_are_what_fake_tensors_say():
            torch.nn.functional.conv2d(x, w, padding=1).relu(), rtol=1e-5, atol=1e-5)
 
 
+def test_kernels_are_generated_for_the_current_thread_count():
+    """Inductor's C++ kernels are generated for torch.get_num_threads()
+    (per-thread accumulators, the summation's structure), and a new count
+    recompiles. The kernel generated for 1 thread must not come from the
+    cache of the one generated for 2: the sum then matches the CPU's bit
+    for bit under both counts."""
+    torch.manual_seed(4)
+    x = torch.randn(4_000_000)
+    compiled = torch.compile(lambda t: (t * 1.5).sum())
+    threads = torch.get_num_threads()
+    try:
+        for count in (2, 1):
+            torch.set_num_threads(count)
+            assert torch.equal(compiled(_phantom(x)).cpu(), compiled(x)), count
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_second_device():
     x = torch.randn(8, 5)
     compiled = torch.compile(lambda t: (t.sin() * 3).sum(1))
