@@ -66,6 +66,15 @@ def test_device_interface_is_registered():
     props = interface.get_device_properties("phantom:0")
     assert props.multi_processor_count >= 1 and props.total_memory > 0
     assert interface.Worker.get_device_properties(0) == props
+    # Compile workers answer from what the parent recorded.
+    from torch._dynamo import device_interface
+
+    interface.Worker.set_device(1)
+    try:
+        assert interface.Worker.current_device() == 1
+    finally:
+        device_interface.caching_worker_current_devices.pop("phantom")
+    assert interface.Worker.current_device() == torch.phantom.current_device()
     assert interface.is_bf16_supported() and interface.is_dtype_supported(torch.float64)
     assert not interface.is_triton_capable()
     with pytest.raises(RuntimeError, match="C\\+\\+ backend"):
