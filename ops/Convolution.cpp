@@ -69,6 +69,16 @@ at::Tensor deviceResult(const at::Tensor& cpu, const at::Tensor& ahead,
   return newDeviceTensorFrom(cpu, device);
 }
 
+// Results in the memory format PyTorch gives a convolution on this device:
+// contiguous. That is ATen's rule for the backend it picks for PrivateUse1
+// (ConvBackend::Overrideable, _conv_determine_backend_memory_format), which
+// fake tensors (torch.compile, torch.export) follow, and compiled code
+// asserts the strides it was traced with; the CPU kernel run here keeps a
+// channels-last input's format instead.
+at::Tensor asOverrideableFormat(const at::Tensor& cpu) {
+  return cpu.defined() && !cpu.is_contiguous() ? cpu.contiguous() : cpu;
+}
+
 // The output sizes of a convolution, if they follow from the arguments as
 // given (not transposed, one stride/padding/dilation per spatial dim) and
 // are all positive (otherwise the CPU kernel reports the bad arguments).
@@ -117,10 +127,10 @@ at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight,
                   if (sizes && input.is_contiguous() && weight.is_contiguous()) {
                     ahead = lentOutput(lending, aliases, *sizes, input.options());
                   }
-                  at::Tensor result = at::convolution(
+                  at::Tensor result = asOverrideableFormat(at::convolution(
                       aliases.alias(input), aliases.alias(weight), cpu_bias,
                       stride, padding, dilation, transposed, output_padding,
-                      groups);
+                      groups));
                   lending.close();
                   output = deviceResult(result, ahead, aliases, input.device());
                   result.reset();
@@ -161,8 +171,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolutionBackward(
             aliases.alias(weight), std::vector<int64_t>{out_channels}, stride,
             padding, dilation, transposed, output_padding, groups, output_mask);
         lending.close();
-        grad_input = deviceResult(gi, input_ahead, aliases, input.device());
-        grad_weight = deviceResult(gw, weight_ahead, aliases, input.device());
+        grad_input = deviceResult(asOverrideableFormat(gi), input_ahead, aliases,
+                                  input.device());
+        grad_weight = deviceResult(asOverrideableFormat(gw), weight_ahead, aliases,
+                                   input.device());
         grad_bias = newDeviceTensorFrom(gb, input.device());
         gi.reset();
         gw.reset();

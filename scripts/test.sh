@@ -25,6 +25,8 @@ bash scripts/test_fuzz.sh || status=1
 (cd tests/python && python3 -m pytest -q -p no:cacheprovider .) || status=1
 # PyTorch's OpInfo database on phantom against the CPU (docs/conformance.md).
 (cd tests/conformance && python3 -m pytest -q -p no:cacheprovider .) || status=1
+# The same database through torch.compile, a fixed sample (docs/compile.md).
+(cd tests/compile_conformance && python3 -m pytest -q -p no:cacheprovider .) || status=1
 # The libraries people train with, on phantom against the CPU.
 (cd tests/integration && python3 -m pytest -q -p no:cacheprovider .) || status=1
 exit $status

@@ -19,6 +19,8 @@
 #include <phantom/hal.h>
 #include <phantom/SyncDebug.h>
 
+#include "Compile.h"
+
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/Generator.h>
 #include <torch/csrc/Storage.h>
@@ -171,6 +173,7 @@ py::dict deviceTelemetry(c10::DeviceIndex device) {
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "Phantom device runtime (private; use torch.phantom)";
+  phantom::python::initCompile(m);  // torch.compile's primitives
 
   m.def("_device_count", [] { return phantom::deviceCountNoThrow(); });
   m.def("_driver_error", [] { return phantom::driverStartupError(); });

@@ -57,6 +57,11 @@ _register()
 # Phantom tensors and events through torch.multiprocessing (reductions.py).
 _reductions._register()
 
+# torch.compile learns about phantom when it is imported, not here.
+from . import _compile_hooks  # noqa: E402
+
+_compile_hooks.install()
+
 
 def ops_report() -> list:
     """How often each op ran on phantom, and how: a list of dicts
