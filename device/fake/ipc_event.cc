@@ -305,7 +305,6 @@ ph_status_t SharedEvent::Record(const std::shared_ptr<SharedEvent>& self,
                 "ph_event_record: the process that exported this interprocess "
                 "event has destroyed it");
   }
-  auto failed = std::make_shared<std::atomic<bool>>(false);
   std::lock_guard<std::mutex> lock(mutex_);
   const uint64_t generation =
       slot_->last_recorded.fetch_add(1, std::memory_order_acq_rel) + 1;
@@ -314,16 +313,13 @@ ph_status_t SharedEvent::Record(const std::shared_ptr<SharedEvent>& self,
   task.kind = TaskKind::kEventMarker;
   task.name = "ph_event_record";
   task.runs_when_sticky = true;
-  task.run = [failed](char*, size_t) {
-    // The marker runs even behind failed work (stream.h): carry that.
-    Stream* current = CurrentStream();
-    if (current != nullptr && current->StickyStatus() != PH_SUCCESS) {
-      failed->store(true, std::memory_order_relaxed);
-    }
-    return PH_SUCCESS;
-  };
-  task.on_complete = [self, generation, failed] {
-    Publish(self->slot_, generation, failed->load(std::memory_order_relaxed));
+  task.run = [](char*, size_t) { return PH_SUCCESS; };
+  // The marker runs even behind failed work (stream.h); the stream hands
+  // on_complete the state of the work before it, which is what the
+  // generation publishes.
+  task.on_complete = [self, generation](ph_status_t failure,
+                                        const std::string&) {
+    Publish(self->slot_, generation, failure != PH_SUCCESS);
   };
   uint64_t position = 0;
   const ph_status_t status = stream->Enqueue(std::move(task), false, &position);
@@ -373,11 +369,16 @@ ph_status_t SharedEvent::QueueWait(const std::shared_ptr<SharedEvent>& self,
   Task task;
   task.kind = TaskKind::kEventWait;
   task.name = "ph_stream_wait_event";
-  task.run = [self, generation](char* error, size_t error_size) {
+  // Work after the wait depends on the work before the record, in
+  // whichever process recorded it: if that failed, this stream fails with
+  // it, here (hal.h's error model). Only the failure crosses the process
+  // boundary, not its message.
+  task.wait = [self, generation](std::string* message, std::string* origin) {
     self->WaitFor(generation);
     const ph_status_t state = self->StateOf(generation);
     if (state == PH_SUCCESS) return PH_SUCCESS;
-    std::snprintf(error, error_size, "%s", LastErrorMessage());
+    *message = LastErrorMessage();
+    *origin = *message;
     return state;
   };
   uint64_t position = 0;
