@@ -286,15 +286,6 @@ void initCompile(py::module& m) {
   m.def("_raw_stream", [](c10::DeviceIndex device) {
     return reinterpret_cast<intptr_t>(getCurrentPhantomStream(device).handle());
   });
-  m.def("_device_properties", [](c10::DeviceIndex device) {
-    ph_device_properties_t props{};
-    PHANTOM_CHECK(ph_device_get_properties(device, &props));
-    py::dict result;
-    result["name"] = std::string(props.name);
-    result["total_memory"] = props.total_memory;
-    result["multi_processor_count"] = props.multiprocessor_count;
-    return result;
-  });
 }
 
 }  // namespace phantom::python

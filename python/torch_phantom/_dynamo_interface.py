@@ -48,7 +48,10 @@ def _index(device: Any) -> int:
 
 def _properties(index: int) -> PhantomDeviceProperties:
     torch.phantom._lazy_init()
-    return PhantomDeviceProperties(**_C._device_properties(index))
+    properties = _C._device_properties(index)
+    return PhantomDeviceProperties(
+        **{field: properties[field] for field in PhantomDeviceProperties._fields
+           if field in properties})
 
 
 class PhantomInterface(_di.DeviceInterface):

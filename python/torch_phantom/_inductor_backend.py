@@ -52,7 +52,7 @@ ENTRY_SYMBOL = "phantom_kernel_entry"
 # The first line of the trampoline's block; DESCRIPTIVE_NAME becomes the
 # kernel's name (cpp_fused_..._0), which names the work in stream errors.
 ENTRY_MARK = f"// {ENTRY_SYMBOL} of "
-_LINKAGE_MACRO = "PHANTOM_KERNEL_ENTRY_LINKAGE"
+_LINKAGE_MACRO = "PH_KERNEL_ENTRY_LINKAGE"
 
 
 def argument_kinds(arg_types) -> str:
