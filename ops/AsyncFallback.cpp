@@ -1334,40 +1334,55 @@ const char* runGenericAsync(const c10::OperatorHandle& op,
   // 1. Outputs' metadata, from the Meta kernel.
   MetaMirror mirror;
   torch::jit::Stack meta_stack;
-  meta_stack.reserve(num_args);
-  for (size_t i = 0; i < num_args; ++i) {
-    // A Python Meta kernel warns with Python's `warnings` when it resizes
-    // a non-empty out= argument, which no WarningCapture sees, and the
-    // trial run below raises the CPU kernel's own warning for it: an
-    // empty mirror keeps the Python one from coming too. Its answer is
-    // only kept when the trial cannot run, and is then checked against
-    // the CPU's.
-    const bool empty_out = !signature.empty() && schema.arguments()[i].is_out() &&
-                           args[i].isTensor() && isPhantom(args[i].toTensor()) &&
-                           args[i].toTensor().numel() > 0 &&
-                           !sharesStorageWithAnother(args, i);
-    meta_stack.push_back(empty_out ? c10::IValue(mirror.mirror(args[i].toTensor(), true))
-                                   : mirror.mirror(args[i]));
-  }
-  // The Meta kernel's warnings are the CPU kernel's checks' (a C++ Meta
-  // kernel is the CPU kernel's own meta function): delivered below when
-  // nothing else runs the kernel on the host.
   WarningCapture meta_capture;
-  try {
-    op.callBoxedForDispatchKey(c10::DispatchKey::Meta, meta_stack);
-  } catch (const std::exception&) {
-    // Data-dependent shapes, or a Meta kernel stricter than the CPU's: the
-    // synchronous path runs the CPU kernel and reports its real error.
-    if (!signature.empty()) {
-      std::lock_guard<std::mutex> lock(memoMutex());
-      memo()[signature].state = Remembered::State::kWait;
+  bool meta_ran = false;
+  // Runs the Meta kernel on mirrors of the arguments; the reason to wait
+  // when it raises.
+  const auto runMeta = [&]() -> const char* {
+    meta_ran = true;
+    meta_stack.reserve(num_args);
+    for (size_t i = 0; i < num_args; ++i) {
+      // A Python Meta kernel warns with Python's `warnings` when it resizes
+      // a non-empty out= argument, which no WarningCapture sees, and the
+      // trial run below raises the CPU kernel's own warning for it: an
+      // empty mirror keeps the Python one from coming too. Its answer is
+      // only kept when the trial cannot run, and is then checked against
+      // the CPU's.
+      const bool empty_out = !signature.empty() && schema.arguments()[i].is_out() &&
+                             args[i].isTensor() && isPhantom(args[i].toTensor()) &&
+                             args[i].toTensor().numel() > 0 &&
+                             !sharesStorageWithAnother(args, i);
+      meta_stack.push_back(empty_out ? c10::IValue(mirror.mirror(args[i].toTensor(), true))
+                                     : mirror.mirror(args[i]));
     }
-    return "its Meta kernel raised: the outputs depend on the data, or the "
-           "arguments are refused (the CPU kernel then raises its own error)";
+    // The Meta kernel's warnings are the CPU kernel's checks' (a C++ Meta
+    // kernel is the CPU kernel's own meta function): delivered below when
+    // nothing else runs the kernel on the host.
+    try {
+      op.callBoxedForDispatchKey(c10::DispatchKey::Meta, meta_stack);
+    } catch (const std::exception&) {
+      // Data-dependent shapes, or a Meta kernel stricter than the CPU's: the
+      // synchronous path runs the CPU kernel and reports its real error.
+      if (!signature.empty()) {
+        std::lock_guard<std::mutex> lock(memoMutex());
+        memo()[signature].state = Remembered::State::kWait;
+      }
+      return "its Meta kernel raised: the outputs depend on the data, or the "
+             "arguments are refused (the CPU kernel then raises its own error)";
+    }
+    return nullptr;
+  };
+  // An op whose output shapes cannot depend on the data goes straight to
+  // the trial run (HostChecks.h); any other learns that from its Meta kernel.
+  if (signature.empty() || !shapesFollowFromArguments(op)) {
+    if (const char* reason = runMeta()) {
+      return reason;
+    }
   }
   if (!signature.empty()) {
-    // The Meta kernel ran, so the outputs do not depend on the data. The
-    // CPU kernel's answer for the signature comes from a trial run on the
+    // The outputs do not depend on the data (the Meta kernel ran without
+    // raising, or the op's shapes follow from its arguments'). The CPU
+    // kernel's answer for the signature comes from a trial run on the
     // host, and the call is queued with it.
     meta_capture.take();  // the trial run's warnings are the CPU kernel's
     std::string trial_error;
@@ -1401,7 +1416,7 @@ const char* runGenericAsync(const c10::OperatorHandle& op,
       second.run(op, &ignored);
       cpu.warnings = warningsRaisedAgain(trial_warnings, capture.take());
     }
-    if (debugMemo()) {
+    if (debugMemo() && meta_ran) {
       Remembered meta;
       const bool meta_ok = rememberable(mirror, args, meta_stack, &meta);
       if (!ran) {
@@ -1425,6 +1440,13 @@ const char* runGenericAsync(const c10::OperatorHandle& op,
       runRemembered(op, stack, cpu, device);
       emitWarnings(trial_warnings);
       return nullptr;
+    }
+    if (!ran && !meta_ran) {
+      // The trial could not answer: the Meta kernel's answer is the one
+      // the synchronous path checks against the CPU's.
+      if (const char* reason = runMeta()) {
+        return reason;
+      }
     }
     Remembered remembered;
     const bool ok = ran ? false : rememberable(mirror, args, meta_stack, &remembered);

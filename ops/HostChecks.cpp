@@ -51,6 +51,15 @@ bool metaKernelFallsShort(const c10::OperatorHandle& op) {
          name == "aten::index_reduce";
 }
 
+bool shapesFollowFromArguments(const c10::OperatorHandle& op) {
+  if (op.hasTag(at::Tag::dynamic_output_shape) ||
+      op.hasTag(at::Tag::data_dependent_output)) {
+    return false;
+  }
+  return op.hasTag(at::Tag::pointwise) ||
+         (op.hasTag(at::Tag::inplace) && op.hasTag(at::Tag::nondeterministic_seeded));
+}
+
 bool hasFloat8Argument(c10::ArrayRef<c10::IValue> args) {
   for (const c10::IValue& arg : args) {
     if (arg.isTensor()) {

@@ -28,4 +28,13 @@ bool hasFloat8Argument(c10::ArrayRef<c10::IValue> args);
 const char* checksNeedTheData(const c10::OperatorHandle& op,
                               c10::ArrayRef<c10::IValue> args);
 
+// True for an op whose outputs' shapes follow from its arguments' shapes
+// whatever the data: a pointwise op, or an in-place random fill (its result
+// is its argument). The first call of such an op with a call signature
+// needs no Python Meta kernel to show that its outputs do not depend on the
+// data; the trial run's answer is taken directly, and the Meta kernel runs
+// only when the trial cannot answer. (Torch's Python Meta kernels for
+// pointwise ops import torch._dynamo and sympy on their first call.)
+bool shapesFollowFromArguments(const c10::OperatorHandle& op);
+
 }  // namespace phantom
