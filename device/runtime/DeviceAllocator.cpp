@@ -5,6 +5,7 @@
 #include <phantom/DeviceAllocator.h>
 #include <phantom/Device.h>
 #include <phantom/Exception.h>
+#include <phantom/GpuTrace.h>
 #include <phantom/FaultInjection.h>
 #include <phantom/Ipc.h>
 #include <phantom/KernelHostMemory.h>
@@ -819,16 +820,19 @@ c10::DataPtr PhantomDeviceAllocator::allocateOn(size_t nbytes,
   if (C10_UNLIKELY(!caching_enabled_.load(std::memory_order_relaxed))) {
     const size_t size = roundSize(nbytes);
     void* ptr = allocator.mallocUncached(nbytes, size);
+    gpu_trace::memoryAllocated(ptr);
     return {ptr, new UncachedAllocation{ptr, size, device}, &deleteUncached,
             where};
   }
   Block* block = allocator.malloc(nbytes, stream);
+  gpu_trace::memoryAllocated(block->ptr);
   return {block->ptr, block, &deleteBlock, where};
 }
 
 void PhantomDeviceAllocator::releaseUncached(c10::DeviceIndex device,
                                              void* ptr, size_t size) noexcept {
   try {
+    gpu_trace::memoryFreed(ptr);
     devices_[device]->freeUncached(ptr, size);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "phantom: freeing device memory failed: %s\n",
@@ -859,6 +863,7 @@ double PhantomDeviceAllocator::memoryFraction(c10::DeviceIndex device) {
 void PhantomDeviceAllocator::releaseContext(void* context) noexcept {
   auto* block = static_cast<Block*>(context);
   try {
+    gpu_trace::memoryFreed(block->ptr);
     devices_[block->device]->free(block);
   } catch (const std::exception& e) {
     // A deleter cannot throw; the block stays out of the pool (leaked),

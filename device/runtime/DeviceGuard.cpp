@@ -9,6 +9,7 @@
 #include <phantom/Device.h>
 #include <phantom/DeviceState.h>
 #include <phantom/Exception.h>
+#include <phantom/GpuTrace.h>
 #include <phantom/Launch.h>
 #include <phantom/Stream.h>
 
@@ -121,16 +122,20 @@ struct PhantomGuardImpl final : public c10::impl::DeviceGuardImplInterface {
       ph_event_t created = nullptr;
       PHANTOM_CHECK(ph_event_create(flags, &created));
       *event = created;
+      gpu_trace::eventCreated(created);
     }
-    PHANTOM_CHECK(ph_event_record(asEvent(*event), phantom_stream.handle()));
+    const ph_stream_t handle = phantom_stream.handle();
+    gpu_trace::eventRecorded(*event, handle);
+    PHANTOM_CHECK(ph_event_record(asEvent(*event), handle));
   }
 
   void block(void* event, const c10::Stream& stream) const override {
     if (event == nullptr) {
       return;  // never recorded: nothing to wait for
     }
-    PHANTOM_CHECK(ph_stream_wait_event(PhantomStream(stream).handle(),
-                                       asEvent(event)));
+    const ph_stream_t handle = PhantomStream(stream).handle();
+    gpu_trace::eventWaited(event, handle);
+    PHANTOM_CHECK(ph_stream_wait_event(handle, asEvent(event)));
   }
 
   bool queryEvent(void* event) const override {
@@ -149,6 +154,7 @@ struct PhantomGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     if (event == nullptr) {
       return;
     }
+    gpu_trace::eventSynchronized(event);
     PHANTOM_CHECK(ph_event_synchronize(asEvent(event)));
     releaseFinishedWork();  // the closures of the work just waited for
   }
@@ -167,6 +173,7 @@ struct PhantomGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   void destroyEvent(void* event,
                     const c10::DeviceIndex /*device_index*/) const noexcept override {
     if (event != nullptr) {
+      gpu_trace::eventDestroyed(event);
       (void)ph_event_destroy(asEvent(event));
     }
   }

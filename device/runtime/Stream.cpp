@@ -3,6 +3,7 @@
 // external stream's handle.
 #include <phantom/Device.h>
 #include <phantom/Exception.h>
+#include <phantom/GpuTrace.h>
 #include <phantom/Launch.h>
 #include <phantom/Stream.h>
 
@@ -139,13 +140,17 @@ ph_stream_t PhantomStream::handle() const {
   if (C10_LIKELY(handle != nullptr)) {
     return handle;
   }
-  std::lock_guard<std::mutex> lock(streams.create_mutex);
-  handle = slot.load(std::memory_order_relaxed);
-  if (handle == nullptr) {
+  {
+    std::lock_guard<std::mutex> lock(streams.create_mutex);
+    handle = slot.load(std::memory_order_relaxed);
+    if (handle != nullptr) {
+      return handle;
+    }
     checkDeviceIndex(device_index());
     PHANTOM_CHECK(ph_stream_create(device_index(), priority(), &handle));
     slot.store(handle, std::memory_order_release);
   }
+  gpu_trace::streamCreated(handle);
   return handle;
 }
 
@@ -194,6 +199,7 @@ bool PhantomStream::query() const {
 
 void PhantomStream::synchronize() const {
   const ph_stream_t stream = handle();
+  gpu_trace::streamSynchronized(stream);
   const ph_status_t status = ph_stream_synchronize(stream);
   releaseFinishedWork();  // the closures of the work just waited for
   if (status != PH_SUCCESS) {
@@ -271,6 +277,7 @@ void setCurrentPhantomStream(PhantomStream stream) {
 
 void synchronizeDevice(c10::DeviceIndex device) {
   checkDeviceIndex(device);
+  gpu_trace::deviceSynchronized();
   std::exception_ptr first_error;
   for (c10::StreamId id = 0; id < kStreamsPerDevice; ++id) {
     if (streamsOf(device).handles[id].load(std::memory_order_acquire) == nullptr) {

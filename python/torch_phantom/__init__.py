@@ -46,7 +46,7 @@ def _register() -> None:
     # Stream`), as torch.cuda's submodules are.
     import sys
 
-    for name in ("memory", "streams", "random", "nvtx", "faults"):
+    for name in ("memory", "streams", "random", "nvtx", "faults", "_gpu_trace"):
         sys.modules[f"torch.{BACKEND_NAME}.{name}"] = getattr(_device_module, name)
     torch.utils.generate_methods_for_privateuse1_backend(
         for_tensor=True, for_module=True, for_storage=True

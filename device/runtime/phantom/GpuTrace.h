@@ -1,0 +1,101 @@
+// PyTorch's GPU trace hooks (c10::impl::GPUTrace), emitted for phantom.
+//
+// Once `torch._C._activate_gpu_trace()` has run, c10 holds the Python
+// interpreter, and each hook below calls the callbacks registered in
+// `torch.phantom._gpu_trace` (the same registries torch.cuda._gpu_trace
+// and torch.xpu._gpu_trace have), so tools written against those hooks,
+// such as a stream sanitizer, see phantom's streams, events, allocations
+// and synchronizations. Streams are named by their driver handle
+// (`Stream.native_handle`), events by theirs, memory by its device address.
+// Until the trace is activated each hook is one relaxed load and a branch.
+// A hook takes the GIL to run the callbacks: call it with no runtime lock
+// held.
+#pragma once
+
+#include <c10/core/DeviceType.h>
+#include <c10/core/impl/GPUTrace.h>
+#include <c10/macros/Macros.h>
+
+#include <cstdint>
+
+namespace phantom::gpu_trace {
+
+inline const c10::impl::PyInterpreter* active() {
+  return c10::impl::GPUTrace::get_trace();
+}
+
+template <typename Handle>
+inline uintptr_t id(Handle handle) {
+  return reinterpret_cast<uintptr_t>(handle);
+}
+
+constexpr c10::DeviceType kType = c10::DeviceType::PrivateUse1;
+
+template <typename Event>
+inline void eventCreated(Event event) {
+  if (const auto* t = active(); C10_UNLIKELY(t != nullptr)) {
+    (*t)->trace_gpu_event_creation(kType, id(event));
+  }
+}
+
+template <typename Event>
+inline void eventDestroyed(Event event) {
+  if (const auto* t = active(); C10_UNLIKELY(t != nullptr)) {
+    (*t)->trace_gpu_event_deletion(kType, id(event));
+  }
+}
+
+template <typename Event, typename Stream>
+inline void eventRecorded(Event event, Stream stream) {
+  if (const auto* t = active(); C10_UNLIKELY(t != nullptr)) {
+    (*t)->trace_gpu_event_record(kType, id(event), id(stream));
+  }
+}
+
+template <typename Event, typename Stream>
+inline void eventWaited(Event event, Stream stream) {
+  if (const auto* t = active(); C10_UNLIKELY(t != nullptr)) {
+    (*t)->trace_gpu_event_wait(kType, id(event), id(stream));
+  }
+}
+
+template <typename Event>
+inline void eventSynchronized(Event event) {
+  if (const auto* t = active(); C10_UNLIKELY(t != nullptr)) {
+    (*t)->trace_gpu_event_synchronization(kType, id(event));
+  }
+}
+
+template <typename Stream>
+inline void streamCreated(Stream stream) {
+  if (const auto* t = active(); C10_UNLIKELY(t != nullptr)) {
+    (*t)->trace_gpu_stream_creation(kType, id(stream));
+  }
+}
+
+template <typename Stream>
+inline void streamSynchronized(Stream stream) {
+  if (const auto* t = active(); C10_UNLIKELY(t != nullptr)) {
+    (*t)->trace_gpu_stream_synchronization(kType, id(stream));
+  }
+}
+
+inline void deviceSynchronized() {
+  if (const auto* t = active(); C10_UNLIKELY(t != nullptr)) {
+    (*t)->trace_gpu_device_synchronization(kType);
+  }
+}
+
+inline void memoryAllocated(const void* ptr) {
+  if (const auto* t = active(); C10_UNLIKELY(t != nullptr)) {
+    (*t)->trace_gpu_memory_allocation(kType, id(ptr));
+  }
+}
+
+inline void memoryFreed(const void* ptr) {
+  if (const auto* t = active(); C10_UNLIKELY(t != nullptr)) {
+    (*t)->trace_gpu_memory_deallocation(kType, id(ptr));
+  }
+}
+
+}  // namespace phantom::gpu_trace

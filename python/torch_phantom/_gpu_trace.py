@@ -1,0 +1,72 @@
+"""Callbacks for PyTorch's GPU trace hooks on phantom.
+
+After ``torch._C._activate_gpu_trace()``, the runtime calls these
+registries' callbacks for each phantom event created, recorded, waited on,
+synchronized and destroyed, each stream created and synchronized, each
+device synchronize, and each block of device memory allocated and freed —
+what ``torch.cuda._gpu_trace`` gives for CUDA, and what a stream sanitizer
+builds on. Arguments are integers: an event's or stream's driver handle
+(``Stream.native_handle``), or a device address (``Tensor.data_ptr()`` of
+the first tensor in the block). Activation is for the whole process and
+cannot be undone; each traced call then takes the GIL to run the
+callbacks, so keep them short.
+"""
+from collections.abc import Callable
+
+from torch._utils import CallbackRegistry
+
+EventCreationCallbacks: "CallbackRegistry[int]" = CallbackRegistry("phantom event creation")
+EventDeletionCallbacks: "CallbackRegistry[int]" = CallbackRegistry("phantom event deletion")
+EventRecordCallbacks: "CallbackRegistry[int, int]" = CallbackRegistry("phantom event record")
+EventWaitCallbacks: "CallbackRegistry[int, int]" = CallbackRegistry("phantom event wait")
+MemoryAllocationCallbacks: "CallbackRegistry[int]" = CallbackRegistry(
+    "phantom memory allocation")
+MemoryDeallocationCallbacks: "CallbackRegistry[int]" = CallbackRegistry(
+    "phantom memory deallocation")
+StreamCreationCallbacks: "CallbackRegistry[int]" = CallbackRegistry("phantom stream creation")
+DeviceSynchronizationCallbacks: "CallbackRegistry[[]]" = CallbackRegistry(
+    "phantom device synchronization")
+StreamSynchronizationCallbacks: "CallbackRegistry[int]" = CallbackRegistry(
+    "phantom stream synchronization")
+EventSynchronizationCallbacks: "CallbackRegistry[int]" = CallbackRegistry(
+    "phantom event synchronization")
+
+
+def register_callback_for_event_creation(cb: Callable[[int], None]) -> None:
+    EventCreationCallbacks.add_callback(cb)
+
+
+def register_callback_for_event_deletion(cb: Callable[[int], None]) -> None:
+    EventDeletionCallbacks.add_callback(cb)
+
+
+def register_callback_for_event_record(cb: Callable[[int, int], None]) -> None:
+    EventRecordCallbacks.add_callback(cb)
+
+
+def register_callback_for_event_wait(cb: Callable[[int, int], None]) -> None:
+    EventWaitCallbacks.add_callback(cb)
+
+
+def register_callback_for_memory_allocation(cb: Callable[[int], None]) -> None:
+    MemoryAllocationCallbacks.add_callback(cb)
+
+
+def register_callback_for_memory_deallocation(cb: Callable[[int], None]) -> None:
+    MemoryDeallocationCallbacks.add_callback(cb)
+
+
+def register_callback_for_stream_creation(cb: Callable[[int], None]) -> None:
+    StreamCreationCallbacks.add_callback(cb)
+
+
+def register_callback_for_device_synchronization(cb: Callable[[], None]) -> None:
+    DeviceSynchronizationCallbacks.add_callback(cb)
+
+
+def register_callback_for_stream_synchronization(cb: Callable[[int], None]) -> None:
+    StreamSynchronizationCallbacks.add_callback(cb)
+
+
+def register_callback_for_event_synchronization(cb: Callable[[int], None]) -> None:
+    EventSynchronizationCallbacks.add_callback(cb)
