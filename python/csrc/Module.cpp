@@ -10,6 +10,7 @@
 #include <phantom/DeviceState.h>
 #include <phantom/FaultInjection.h>
 #include <phantom/Generator.h>
+#include <phantom/GpuTrace.h>
 #include <phantom/HostAllocator.h>
 #include <phantom/Ipc.h>
 #include <phantom/KernelHostMemory.h>
@@ -183,6 +184,9 @@ PYBIND11_MODULE(_C, m) {
   m.def("_exchange_device",
         [](c10::DeviceIndex d) { return phantom::exchangeDevice(d); });
   m.def("_check_device", [](c10::DeviceIndex d) { phantom::checkDeviceIndex(d); });
+  // Ends PyTorch's GPU trace hooks for phantom at interpreter exit
+  // (phantom/GpuTrace.h).
+  m.def("_stop_gpu_trace", [] { phantom::gpu_trace::stopTracing(); });
   m.def("_synchronize", [](c10::DeviceIndex d) {
     py::gil_scoped_release no_gil;
     phantom::synchronizeDevice(d);

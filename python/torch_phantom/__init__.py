@@ -46,7 +46,8 @@ def _register() -> None:
     # Stream`), as torch.cuda's submodules are.
     import sys
 
-    for name in ("memory", "streams", "random", "nvtx", "faults", "_gpu_trace"):
+    for name in ("memory", "streams", "random", "nvtx", "faults", "_gpu_trace",
+                 "race_detector"):
         sys.modules[f"torch.{BACKEND_NAME}.{name}"] = getattr(_device_module, name)
     torch.utils.generate_methods_for_privateuse1_backend(
         for_tensor=True, for_module=True, for_storage=True
@@ -93,6 +94,8 @@ def _print_ops_report_at_exit() -> None:
 _exit.install()
 if _settings.value("PHANTOM_OPS_REPORT"):
     __import__("atexit").register(_print_ops_report_at_exit)
+if _settings.value("PHANTOM_RACE_DETECTOR"):
+    _device_module.race_detector._enable_from_setting(_settings.value("PHANTOM_RACE_DETECTOR"))
 
 # Registers phantom with PyTorch Lightning when it is imported
 # (torch_phantom.lightning; nothing is imported until then).

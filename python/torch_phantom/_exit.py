@@ -67,5 +67,8 @@ def release_autograd_graph_tasks() -> None:
 
 
 def install() -> None:
-    """Registers the exit hook; the package calls it once it has loaded."""
+    """Registers the exit hooks; the package calls it once it has loaded.
+    They run in reverse: graph tasks are released, then PyTorch's GPU trace
+    hooks stop, so no later free on another thread takes the GIL."""
+    atexit.register(device_module._C._stop_gpu_trace)
     atexit.register(release_autograd_graph_tasks)

@@ -25,6 +25,7 @@ import torch as _torch
 from . import _C
 from . import faults, memory, nvtx, random, streams
 from . import _gpu_trace  # torch.phantom._gpu_trace: what c10's GPU trace hooks call
+from . import race_detector
 from ._name import BACKEND_NAME as _BACKEND_NAME
 from ._device_info import (
     can_device_access_peer,

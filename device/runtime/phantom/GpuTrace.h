@@ -20,8 +20,15 @@
 
 namespace phantom::gpu_trace {
 
+// Stops the hooks for good: called at interpreter exit, after which a hook
+// taking the GIL (a tensor freed on autograd's device thread, say) would
+// end its thread inside a noexcept frame and abort the process.
+void stopTracing() noexcept;
+bool tracingStopped() noexcept;
+
 inline const c10::impl::PyInterpreter* active() {
-  return c10::impl::GPUTrace::get_trace();
+  const c10::impl::PyInterpreter* trace = c10::impl::GPUTrace::get_trace();
+  return C10_UNLIKELY(trace != nullptr) && !tracingStopped() ? trace : nullptr;
 }
 
 template <typename Handle>

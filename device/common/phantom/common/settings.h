@@ -154,6 +154,10 @@ inline constexpr Spec kDebugMemo = Switch(
 inline constexpr Spec kOpsReport = Switch(
     "PHANTOM_OPS_REPORT", Reader::kPython,
     "1 prints, at exit, which path each op took");
+inline constexpr Spec kRaceDetector = Count(
+    "PHANTOM_RACE_DETECTOR", 0, 2, 0, "0 (off)", nullptr, Reader::kPython,
+    "1 reports races between streams as warnings, 2 as errors "
+    "(docs/race-detector.md)");
 // Test-only: plays a driver that cannot share memory between processes
 // (device/fake/ipc.h, docs/multiprocessing.md).
 inline constexpr Spec kFakeNoIpc = Switch(
@@ -165,7 +169,7 @@ inline constexpr Spec kFakeNoIpc = Switch(
 inline constexpr const Spec* kAll[] = {
     &kDeviceCount, &kDeviceMemory, &kAllocConf,  &kFaultAlloc,
     &kFaultKernel, &kFaultLatencyUs, &kNoLending, &kSyncGeneric,
-    &kDebugMemo,   &kOpsReport,     &kFakeNoIpc};
+    &kDebugMemo,   &kOpsReport,     &kRaceDetector, &kFakeNoIpc};
 
 // The setting called `name` (a top-level PHANTOM_* one), or nullptr.
 const Spec* Find(const char* name);

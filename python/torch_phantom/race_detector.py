@@ -1,0 +1,411 @@
+"""The stream race detector: work on two streams that touches the same
+device memory without an order between them is reported, naming both ops,
+both streams and the line of Python that launched each.
+
+Design. While the detector is on, a dispatch mode sees every op on phantom
+tensors before it is queued: which storages it reads and which it writes
+(from the op's schema: an argument marked as written, and every output),
+and the stream it goes to (the current stream). The runtime's GPU trace
+hooks (torch.phantom._gpu_trace) tell it the rest: events recorded and
+waited on, stream, event and device synchronizes, and blocks of device
+memory allocated and freed. From these it keeps a vector clock per stream
+(for each other stream, the last op of it this stream is ordered after),
+one per recorded event, and one for the host (what a synchronize has shown
+finished). An access is ordered after an earlier one when the accessing
+stream's clock, or the host's, covers the earlier op. Storages are keyed
+by their base address, so views of one storage at different offsets
+conflict as they do on a device.
+
+Three kinds of bug are reported:
+  - a write not ordered after an earlier read or write of the same memory
+    on another stream, or a read not ordered after an earlier write;
+  - memory freed while another stream may still use it: the block goes
+    back to the allocator for reuse on the stream it was allocated on, and
+    an op on another stream that touched it is not ordered before that
+    stream's next use (a missing ``record_stream`` or ``wait_stream``);
+    this is reported at the next op;
+  - nothing else: host reads of a ``non_blocking`` copy's destination are
+    not watched (docs/race-detector.md says what is left).
+
+Reports are errors (:class:`StreamRaceError`, raised after the op that
+found them was queued) or warnings (:class:`StreamRaceWarning`), by
+``enable(action=...)`` or the ``PHANTOM_RACE_DETECTOR`` setting.
+Activating PyTorch's GPU trace hooks is for the whole process: after the
+first ``enable()``, each event, synchronize and allocation costs a call
+into Python even when the detector is off again.
+"""
+import os
+import sys
+import threading
+import traceback
+import warnings
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Set
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from . import _gpu_trace
+from ._name import BACKEND_NAME
+
+__all__ = ["enable", "disable", "is_enabled", "detecting", "Race",
+           "StreamRaceError", "StreamRaceWarning"]
+
+_PACKAGE_DIRS = tuple(os.path.dirname(p) + os.sep for p in (torch.__file__, __file__))
+
+
+@dataclass
+class Access:
+    """One op's access to one storage."""
+
+    write: bool
+    seq: int  # the op's position in the order the host launched ops
+    stream: int  # the driver handle of the stream it went to
+    stream_name: str
+    op: str
+    arguments: List[str]  # the schema's names for the tensor, "the output"
+    stack: traceback.StackSummary
+    start: int = 0  # the bytes of the storage the tensor spans: [start, end)
+    end: int = 0
+
+    def overlaps(self, other: "Access") -> bool:
+        return self.start < other.end and other.start < self.end
+
+    def covers(self, other: "Access") -> bool:
+        return self.start <= other.start and other.end <= self.end
+
+    def describe(self) -> str:
+        verb = "writing" if self.write else "reading"
+        what = ", ".join(self.arguments) or "a tensor"
+        frames = "".join(self.stack.format()) or "    (no Python frame)\n"
+        return (f"{self.op} {verb} {what} on {self.stream_name}, launched at\n"
+                f"{frames}")
+
+
+@dataclass
+class Race:
+    """Two accesses of one storage with no order between them. ``kind`` is
+    "unordered access" or "freed while in use"."""
+
+    kind: str
+    address: int
+    current: Optional[Access]  # None for "freed while in use"
+    previous: Access
+    freed_stream_name: str = ""
+
+    def __str__(self) -> str:
+        if self.kind == "freed while in use":
+            return (
+                f"phantom race detector: device memory {self.address:#x} was freed for "
+                f"reuse on {self.freed_stream_name} while another stream may still use "
+                f"it:\n  {self.previous.describe()}"
+                f"is not ordered before the free. After using a tensor on a stream it "
+                f"was not allocated on, call tensor.record_stream(that stream), or make "
+                f"the allocating stream wait for it (wait_stream) or synchronize it, "
+                f"before the tensor is freed.")
+        return (
+            f"phantom race detector: possible data race on device memory "
+            f"{self.address:#x}:\n  {self.current.describe()}"
+            f"is not ordered after\n  {self.previous.describe()}"
+            f"Order them: make the second stream wait for the first "
+            f"(second.wait_stream(first), or an Event recorded after the first op "
+            f"and waited on before the second), or synchronize in between.")
+
+
+class StreamRaceError(RuntimeError):
+    """Raised by the op that found races; ``races`` lists them."""
+
+    def __init__(self, races: List[Race]):
+        self.races = races
+        super().__init__("\n\n".join(str(r) for r in races))
+
+
+class StreamRaceWarning(UserWarning):
+    """Warned for each race when the detector's action is "warn"."""
+
+
+def _user_stack() -> traceback.StackSummary:
+    """The innermost frames outside torch and torch_phantom (all frames when
+    the op was launched from inside them only)."""
+    frames = traceback.extract_stack(sys._getframe(2), limit=40)
+    user = [f for f in frames if not f.filename.startswith(_PACKAGE_DIRS)]
+    return traceback.StackSummary.from_list((user or frames)[-6:])
+
+
+def _merge(into: Dict[int, int], other: Dict[int, int]) -> None:
+    for stream, seq in other.items():
+        if into.get(stream, 0) < seq:
+            into[stream] = seq
+
+
+class _Order:
+    """Happens-before between streams, events and the host (vector clocks)."""
+
+    def __init__(self) -> None:
+        self.seq = 0
+        self.streams: Dict[int, Dict[int, int]] = {}
+        self.events: Dict[int, Dict[int, int]] = {}
+        self.host: Dict[int, int] = {}
+
+    def _view(self, stream: int) -> Dict[int, int]:
+        view = self.streams.get(stream)
+        if view is None:
+            view = self.streams[stream] = {}
+        _merge(view, self.host)  # what the host saw finish precedes its launches
+        return view
+
+    def launch(self, stream: int) -> int:
+        self.seq += 1
+        self._view(stream)[stream] = self.seq
+        return self.seq
+
+    def ordered(self, stream: int, access: Access) -> bool:
+        return (self._view(stream).get(access.stream, 0) >= access.seq
+                or self.host.get(access.stream, 0) >= access.seq)
+
+    def record(self, event: int, stream: int) -> None:
+        self.events[event] = dict(self._view(stream))
+
+    def wait(self, event: int, stream: int) -> None:
+        _merge(self._view(stream), self.events.get(event, {}))
+
+    def sync_stream(self, stream: int) -> None:
+        _merge(self.host, self._view(stream))
+
+    def sync_event(self, event: int) -> None:
+        _merge(self.host, self.events.get(event, {}))
+
+    def sync_device(self) -> None:
+        for view in self.streams.values():
+            _merge(self.host, view)
+
+
+class _Memory:
+    """Per storage: the stream it was allocated on, and the accesses that a
+    later one might race with (at most _KEPT, newest last)."""
+
+    __slots__ = ("stream", "stream_name", "accesses", "recorded")
+
+    def __init__(self, stream: int = 0, stream_name: str = "") -> None:
+        self.stream = stream
+        self.stream_name = stream_name
+        self.accesses: List[Access] = []
+        self.recorded: Set[int] = set()  # streams named by record_stream
+
+
+# Accesses kept per storage. An access is forgotten once the host has seen
+# it finish (nothing launched later can race with it) or a later write on
+# an ordered stream covers it; past this many the oldest go, which can only
+# hide a race, never invent one.
+_KEPT = 64
+
+
+def _span(tensor: torch.Tensor):
+    """The bytes of its storage a tensor's elements lie in: [start, end)."""
+    size = tensor.element_size()
+    start = tensor.storage_offset() * size
+    if tensor.numel() == 0:
+        return start, start
+    extent = 1 + sum((n - 1) * abs(st) for n, st in zip(tensor.shape, tensor.stride()))
+    return start, start + extent * size
+
+
+def _stream_name(stream: torch.Stream) -> str:
+    kind = "the default stream" if stream.stream_id == 0 else f"stream {stream.stream_id}"
+    return f"{kind} of {BACKEND_NAME}:{stream.device_index}"
+
+
+class _Detector(TorchDispatchMode):
+    def __init__(self, action: str) -> None:
+        super().__init__()
+        self.action = action
+        self.order = _Order()
+        self.memory: Dict[int, _Memory] = {}
+        self.pending: List[Race] = []
+        self.lock = threading.Lock()
+
+    # -- GPU trace callbacks (any thread, GIL held) --------------------------
+
+    def allocated(self, address: int) -> None:
+        stream = torch.phantom.current_stream()
+        with self.lock:
+            self.memory[address] = _Memory(stream.native_handle, _stream_name(stream))
+
+    def freed(self, address: int) -> None:
+        with self.lock:
+            memory = self.memory.pop(address, None)
+            if memory is None or memory.stream == 0:
+                return
+            for access in memory.accesses:
+                if (access.stream != memory.stream and access.stream not in memory.recorded
+                        and not self.order.ordered(memory.stream, access)):
+                    self.pending.append(Race("freed while in use", address, None, access,
+                                             memory.stream_name))
+                    break
+
+    # -- ops ------------------------------------------------------------------
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.ops.aten.record_stream.default:
+            tensor, stream = args
+            if tensor.device.type == BACKEND_NAME:
+                with self.lock:
+                    memory = self.memory.get(tensor.untyped_storage().data_ptr())
+                    if memory is not None:
+                        memory.recorded.add(stream.native_handle)
+            return func(*args, **kwargs)
+        touched: Dict[tuple, List] = {}  # (address, start, end) -> [written, names]
+
+        def note(value, write: bool, name: str) -> None:
+            if isinstance(value, torch.Tensor) and value.device.type == BACKEND_NAME:
+                address = value.untyped_storage().data_ptr()
+                start, end = _span(value)
+                if address and end > start:
+                    entry = touched.setdefault((address, start, end), [False, []])
+                    entry[0] = entry[0] or write
+                    entry[1].append(name)
+            elif isinstance(value, (list, tuple)):
+                for item in value:
+                    note(item, write, name)
+
+        schema = func._schema
+        for i, argument in enumerate(schema.arguments):
+            value = args[i] if i < len(args) else kwargs.get(argument.name)
+            alias = argument.alias_info
+            if alias is not None and not alias.is_write:
+                continue  # a view: shares memory, touches no data
+            note(value, alias is not None and alias.is_write, f"argument '{argument.name}'")
+        outputs = func(*args, **kwargs)
+        results = outputs if isinstance(outputs, (list, tuple)) else (outputs,)
+        for ret, value in zip(schema.returns, results):
+            if ret.alias_info is None or ret.alias_info.is_write:
+                note(value, True, "the output")
+        if touched:
+            self._launched(str(func), touched)
+        return outputs
+
+    def _launched(self, op: str, touched: Dict[int, List]) -> None:
+        current = torch.phantom.current_stream()
+        stream, name = current.native_handle, _stream_name(current)
+        stack = _user_stack()
+        races: List[Race] = []
+        with self.lock:
+            races, self.pending = self.pending, []
+            seq = self.order.launch(stream)
+            reported: Set[int] = set()
+            for (address, start, end), (write, names) in touched.items():
+                memory = self.memory.get(address)
+                if memory is None:  # allocated before the detector was on
+                    memory = self.memory[address] = _Memory()
+                access = Access(write, seq, stream, name, op, names, stack, start, end)
+                for previous in memory.accesses:
+                    if (address not in reported and previous.stream != stream
+                            and (write or previous.write) and previous.overlaps(access)
+                            and not self.order.ordered(stream, previous)):
+                        races.append(Race("unordered access", address, access, previous))
+                        reported.add(address)
+                kept = [p for p in memory.accesses
+                        if not (write and access.covers(p) and self.order.ordered(stream, p))
+                        and self.order.host.get(p.stream, 0) < p.seq]
+                kept.append(access)
+                memory.accesses = kept[-_KEPT:]
+        if races:
+            self._report(races)
+
+    def _report(self, races: List[Race]) -> None:
+        if self.action == "warn":
+            for race in races:
+                warnings.warn(str(race), StreamRaceWarning, stacklevel=4)
+        else:
+            raise StreamRaceError(races)
+
+
+_active: Optional[_Detector] = None
+_trace_on = False
+
+
+def _forward(method: str):
+    def callback(*args):
+        detector = _active
+        if detector is not None:
+            getattr(detector, method)(*args)
+    return callback
+
+
+def _activate_trace() -> None:
+    global _trace_on
+    if _trace_on:
+        return
+    _trace_on = True
+    order = _forward_order
+    _gpu_trace.register_callback_for_memory_allocation(_forward("allocated"))
+    _gpu_trace.register_callback_for_memory_deallocation(_forward("freed"))
+    _gpu_trace.register_callback_for_event_record(order("record"))
+    _gpu_trace.register_callback_for_event_wait(order("wait"))
+    _gpu_trace.register_callback_for_stream_synchronization(order("sync_stream"))
+    _gpu_trace.register_callback_for_event_synchronization(order("sync_event"))
+    _gpu_trace.register_callback_for_device_synchronization(order("sync_device"))
+    torch._C._activate_gpu_trace()
+
+
+def _forward_order(method: str):
+    def callback(*args):
+        detector = _active
+        if detector is not None:
+            with detector.lock:
+                getattr(detector.order, method)(*args)
+    return callback
+
+
+def enable(action: str = "error") -> None:
+    """Turns the detector on for the rest of the process (or until
+    :func:`disable`). ``action`` is "error" (raise :class:`StreamRaceError`)
+    or "warn" (warn :class:`StreamRaceWarning`). Memory allocated before
+    this call is tracked from its first use after it."""
+    global _active
+    if action not in ("error", "warn"):
+        raise ValueError(f"race detector action must be 'error' or 'warn', got {action!r}")
+    if _active is not None:
+        _active.action = action
+        return
+    torch.phantom._lazy_init()
+    _activate_trace()
+    detector = _Detector(action)
+    detector.__enter__()
+    _active = detector
+
+
+def disable() -> None:
+    """Turns the detector off; what it tracked is forgotten."""
+    global _active
+    detector, _active = _active, None
+    if detector is not None:
+        detector.__exit__(None, None, None)
+
+
+def is_enabled() -> bool:
+    return _active is not None
+
+
+class detecting:
+    """``with torch.phantom.race_detector.detecting():`` — the detector on
+    for a block (and off after it, unless it was on before)."""
+
+    def __init__(self, action: str = "error") -> None:
+        self.action = action
+        self.was_on = False
+
+    def __enter__(self) -> "detecting":
+        self.was_on = is_enabled()
+        enable(self.action)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if not self.was_on:
+            disable()
+
+
+def _enable_from_setting(level: int) -> None:
+    if level:
+        enable("warn" if level == 1 else "error")
