@@ -288,6 +288,7 @@ void initCompile(py::module& m) {
   });
   m.def("_device_properties", [](c10::DeviceIndex device) {
     ph_device_properties_t props{};
+    props.struct_size = sizeof props;
     PHANTOM_CHECK(ph_device_get_properties(device, &props));
     py::dict result;
     result["name"] = std::string(props.name);
