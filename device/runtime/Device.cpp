@@ -92,9 +92,9 @@ c10::DeviceIndex deviceCountOrThrow() {
   }
   const DriverInfo& info = driverInfo();
   if (C10_UNLIKELY(!info.usable)) {
-    if (info.error.empty() && info.count > 0) {
-      checkRuntimeSettings();  // throws c10::ValueError naming the setting
-    }
+    // A malformed runtime setting (PHANTOM_DRIVER among them, which also
+    // leaves no driver) is a c10::ValueError naming the setting.
+    checkRuntimeSettings();
     throw c10::AcceleratorError(
         {__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
         PH_ERROR_NOT_INITIALIZED,
