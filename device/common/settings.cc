@@ -206,6 +206,22 @@ std::string ParseOptions(const Spec& spec, std::string_view text,
   return "";
 }
 
+// A library: a file name (searched as the dynamic loader searches) or a
+// path; whatever the loader then says about it is the loader's refusal.
+// Refused here: what cannot name a file at all.
+std::string ParseLibrary(std::string_view text, Value* out) {
+  if (text.back() == '/') {
+    return "a library: it ends with '/', which names a folder";
+  }
+  for (char c : text) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
+      return "a library: it holds a control character";
+    }
+  }
+  out->text = std::string(text);
+  return "";
+}
+
 std::string Describe(const Spec& spec, bool in_list);
 
 // "a whole number of MiB from 21 to 1048576".
@@ -233,6 +249,9 @@ std::string Describe(const Spec& spec, bool in_list) {
     case Kind::kFraction:
       return in_list ? "a fraction strictly between 0 and 1"
                      : "a fraction strictly between 0 and 1, e.g. 0.8";
+    case Kind::kLibrary:
+      return "a shared library's file name (looked for next to the runtime, "
+             "then as the dynamic loader looks) or its path";
     case Kind::kOptions: {
       std::string text = "comma-separated key:value options, each at most once:";
       for (size_t i = 0; i < spec.option_count; ++i) {
@@ -267,6 +286,7 @@ bool Parse(const Spec& spec, const char* text, Value* out,
   const std::string_view trimmed = Trim(text == nullptr ? "" : text);
   Value value;
   value.number = spec.default_number;
+  if (spec.kind == Kind::kLibrary) value.text = spec.default_text;
   if (trimmed.empty()) {
     *out = std::move(value);
     return true;
@@ -278,6 +298,7 @@ bool Parse(const Spec& spec, const char* text, Value* out,
     case Kind::kSwitch: problem = ParseSwitch(trimmed, &value); break;
     case Kind::kFraction: problem = ParseFraction(trimmed, &value); break;
     case Kind::kOptions: problem = ParseOptions(spec, trimmed, &value); break;
+    case Kind::kLibrary: problem = ParseLibrary(trimmed, &value); break;
   }
   if (!problem.empty()) {
     *error = std::string(spec.name) + "=" + Quoted(text) + " is not " +
@@ -313,6 +334,7 @@ const char* KindName(Kind kind) {
     case Kind::kSwitch: return "switch";
     case Kind::kFraction: return "fraction";
     case Kind::kOptions: return "options";
+    case Kind::kLibrary: return "library";
   }
   return "?";
 }

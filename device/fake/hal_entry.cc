@@ -229,16 +229,35 @@ ph_status_t ph_device_get_properties(int device,
     if (out_props == nullptr) {
       return NullOut("ph_device_get_properties", "out_props");
     }
-    std::memset(out_props, 0, sizeof *out_props);
+    // Versioned by size (hal.h): the fake's struct is the ABI 1003 one,
+    // so it needs all of it and writes no more of a longer one.
+    const size_t size = out_props->struct_size;
+    if (size < PH_DEVICE_PROPERTIES_MIN_SIZE) {
+      return Fail(PH_ERROR_INVALID_ARGUMENT,
+                  "ph_device_get_properties: struct_size is " +
+                      std::to_string(size) + ", smaller than the " +
+                      std::to_string(PH_DEVICE_PROPERTIES_MIN_SIZE) +
+                      " bytes of the ABI 1003 struct; set it to "
+                      "sizeof(ph_device_properties_t)");
+    }
+    const size_t writable = size < sizeof(ph_device_properties_t)
+                                ? size
+                                : sizeof(ph_device_properties_t);
+    std::memset(reinterpret_cast<char*>(out_props) + sizeof(size_t), 0,
+                writable - sizeof(size_t));
     const ph_status_t valid = CheckDevice(device);
     if (valid != PH_SUCCESS) return valid;
-    std::snprintf(out_props->name, sizeof out_props->name, "%s",
+    ph_device_properties_t filled{};
+    std::snprintf(filled.name, sizeof filled.name, "%s",
                   "Phantom fake accelerator");
-    out_props->total_memory = GetConfig().device_memory;
+    filled.total_memory = GetConfig().device_memory;
     const unsigned cores = std::thread::hardware_concurrency();
-    out_props->multiprocessor_count = cores > 0 ? static_cast<int>(cores) : 1;
-    out_props->stream_priority_low = kStreamPriorityLow;
-    out_props->stream_priority_high = kStreamPriorityHigh;
+    filled.multiprocessor_count = cores > 0 ? static_cast<int>(cores) : 1;
+    filled.stream_priority_low = kStreamPriorityLow;
+    filled.stream_priority_high = kStreamPriorityHigh;
+    std::memcpy(reinterpret_cast<char*>(out_props) + sizeof(size_t),
+                reinterpret_cast<const char*>(&filled) + sizeof(size_t),
+                writable - sizeof(size_t));
     return PH_SUCCESS;
   });
 }

@@ -43,14 +43,8 @@ struct DriverInfo {
 const DriverInfo& driverInfo() noexcept {
   static const DriverInfo info = [] {
     DriverInfo result;
-    const uint32_t version = ph_abi_version();
-    if (version / 1000 != PH_HAL_ABI_VERSION / 1000) {
-      result.error = "the phantom driver implements HAL ABI " +
-                     std::to_string(version) + " but this runtime needs " +
-                     std::to_string(PH_HAL_ABI_VERSION) +
-                     "; rebuild the driver against device/hal/phantom/hal.h";
-      return result;
-    }
+    // A driver that could not be loaded, or of another ABI major, is
+    // refused here with the loader's sentence (DriverLoader.cpp).
     int count = 0;
     const ph_status_t status = ph_device_count(&count);
     if (status != PH_SUCCESS) {
@@ -98,9 +92,9 @@ c10::DeviceIndex deviceCountOrThrow() {
   }
   const DriverInfo& info = driverInfo();
   if (C10_UNLIKELY(!info.usable)) {
-    if (info.error.empty() && info.count > 0) {
-      checkRuntimeSettings();  // throws c10::ValueError naming the setting
-    }
+    // A malformed runtime setting (PHANTOM_DRIVER among them, which also
+    // leaves no driver) is a c10::ValueError naming the setting.
+    checkRuntimeSettings();
     throw c10::AcceleratorError(
         {__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
         PH_ERROR_NOT_INITIALIZED,

@@ -5,16 +5,12 @@
 
 #include <c10/util/Exception.h>
 
-// A driver built against an ABI before 1002 has no telemetry entry point:
-// referenced weakly, its address is null there instead of the library
-// failing to load (Python loads extensions with RTLD_NOW).
-#pragma weak ph_device_get_telemetry
-
 namespace phantom {
 
 DeviceProperties deviceProperties(c10::DeviceIndex device) {
   checkDeviceIndex(device);
   ph_device_properties_t props{};
+  props.struct_size = sizeof props;
   PHANTOM_CHECK(ph_device_get_properties(device, &props));
   DeviceProperties result;
   props.name[sizeof props.name - 1] = '\0';  // a driver's name may fill it
@@ -50,9 +46,8 @@ c10::DeviceCapability deviceCapability() {
 DeviceTelemetry deviceTelemetry(c10::DeviceIndex device) {
   checkDeviceIndex(device);
   DeviceTelemetry result;
-  if (ph_abi_version() < 1002 || &ph_device_get_telemetry == nullptr) {
-    return result;  // the entry point came with ABI 1002
-  }
+  // A driver without telemetry (its table member NULL, e.g. one of a minor
+  // before 1002) answers PH_ERROR_UNIMPLEMENTED through the dispatch.
   ph_device_telemetry_t telemetry{};
   telemetry.struct_size = sizeof telemetry;
   const ph_status_t status = ph_device_get_telemetry(device, &telemetry);

@@ -8,6 +8,7 @@
 #include <phantom/DeviceAllocator.h>
 #include <phantom/Device.h>
 #include <phantom/DeviceState.h>
+#include <phantom/DriverLoader.h>
 #include <phantom/FaultInjection.h>
 #include <phantom/Generator.h>
 #include <phantom/GpuTrace.h>
@@ -139,12 +140,9 @@ py::dict halInfo() {
   py::dict info;
   info["abi_version"] = ph_abi_version();
   info["runtime_abi_version"] = PH_HAL_ABI_VERSION;
-  Dl_info library{};
-  info["driver_library"] =
-      dladdr(reinterpret_cast<void*>(&ph_abi_version), &library) != 0 &&
-              library.dli_fname != nullptr
-          ? std::string(library.dli_fname)
-          : std::string();
+  // The library the runtime loaded (PHANTOM_DRIVER), "" if none loaded.
+  const phantom::driver::LoadedDriver& driver = phantom::driver::activeDriver();
+  info["driver_library"] = driver.ok() ? driver.library : std::string();
   py::list devices;
   for (int d = 0; d < phantom::deviceCountNoThrow(); ++d) {
     devices.append(deviceProperties(static_cast<c10::DeviceIndex>(d)));

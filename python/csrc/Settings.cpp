@@ -86,7 +86,7 @@ PyObject* describe(const settings::Spec& spec) {
 }
 
 // The Python value of a parsed setting: int (count, size), bool (switch),
-// dict of the options given (option list).
+// dict of the options given (option list), str (library).
 PyObject* toPython(const settings::Spec& spec, const settings::Value& value) {
   switch (spec.kind) {
     case settings::Kind::kSwitch:
@@ -96,6 +96,8 @@ PyObject* toPython(const settings::Spec& spec, const settings::Value& value) {
       return PyLong_FromUnsignedLongLong(value.number);
     case settings::Kind::kFraction:
       return PyFloat_FromDouble(value.fraction);
+    case settings::Kind::kLibrary:
+      return PyUnicode_FromString(value.text.c_str());
     case settings::Kind::kOptions: {
       PyObject* dict = PyDict_New();
       if (dict == nullptr) return nullptr;

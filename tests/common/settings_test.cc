@@ -45,6 +45,7 @@ const char* BadValueFor(Kind kind) {
     case Kind::kSwitch: return "true";
     case Kind::kFraction: return "half";
     case Kind::kOptions: return "bogus";
+    case Kind::kLibrary: return "drivers/";
   }
   return nullptr;
 }

@@ -947,6 +947,7 @@ void Program::StreamCreate(Input& in) {
   Expect("ph_stream_get_priority",
          ph_stream_get_priority(handle, &got_priority), {PH_SUCCESS});
   ph_device_properties_t props;
+  props.struct_size = sizeof props;
   Expect("ph_device_get_properties", ph_device_get_properties(device, &props),
          {PH_SUCCESS});
   const int high = props.stream_priority_high, low = props.stream_priority_low;
@@ -1368,6 +1369,7 @@ void Program::MemInfo(Input& in) {
          {PH_ERROR_INVALID_DEVICE});
   if (free_bytes != 0 || total != 0) Violation("ph_mem_get_info left values");
   ph_device_properties_t props;
+  props.struct_size = sizeof props;
   Expect("ph_device_get_properties of a bad device",
          ph_device_get_properties(device, &props), {PH_ERROR_INVALID_DEVICE});
 }

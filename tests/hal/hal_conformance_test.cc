@@ -263,6 +263,7 @@ TEST(Device, CurrentDeviceIsThreadLocalAndChecked) {
 
 TEST(Device, PropertiesDescribeTheDevice) {
   ph_device_properties_t props;
+  props.struct_size = sizeof props;
   ASSERT_PH_OK(ph_device_get_properties(0, &props));
   EXPECT_GT(std::strlen(props.name), 0u);
   EXPECT_LT(std::strlen(props.name), sizeof props.name);
@@ -814,6 +815,7 @@ TEST(MemcpyAsync, CrossDeviceAndValidation) {
 
 TEST(Stream, PriorityIsClampedAndDeviceReported) {
   ph_device_properties_t props;
+  props.struct_size = sizeof props;
   ASSERT_PH_OK(ph_device_get_properties(0, &props));
   ph_stream_t high = nullptr;
   ph_stream_t low = nullptr;

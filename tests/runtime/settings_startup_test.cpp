@@ -93,6 +93,7 @@ const char* badValueFor(settings::Kind kind) {
     case settings::Kind::kSwitch: return "true";
     case settings::Kind::kFraction: return "half";
     case settings::Kind::kOptions: return "bogus";
+    case settings::Kind::kLibrary: return "drivers/";
   }
   return nullptr;
 }

@@ -49,8 +49,15 @@
  *  - Unless stated otherwise every function is thread-safe.
  *
  * Optional entry points are marked OPTIONAL; a driver that does not provide
- * the capability returns PH_ERROR_UNIMPLEMENTED, and the runtime has a
+ * the capability leaves its member of the driver table NULL or returns
+ * PH_ERROR_UNIMPLEMENTED (the two mean the same), and the runtime has a
  * fallback documented next to the function.
+ *
+ * A driver is a shared library the runtime opens at start-up and reaches
+ * through one exported entry point, ph_driver_get_table, which returns the
+ * table of the functions below ("The driver table" at the end). The ph_*
+ * functions declared here are what callers above the HAL call: the runtime
+ * defines them and forwards each through the table.
  */
 #ifndef PHANTOM_HAL_H_
 #define PHANTOM_HAL_H_
@@ -68,9 +75,19 @@ extern "C" {
 #define PH_API __attribute__((visibility("default")))
 #endif
 
-/* The ABI version of this header. The runtime refuses to load a driver
- * whose ph_abi_version() differs in the major part (version / 1000). */
-#define PH_HAL_ABI_VERSION 1002
+/* The ABI version of this header: major * 1000 + minor.
+ *
+ * Version rule. The runtime loads a driver through its table (see "The
+ * driver table" at the end) and refuses one whose abi_version differs in
+ * the major part (version / 1000) from the runtime's, with a sentence
+ * naming the library and both versions. A driver of an older minor loads:
+ * the table members past the driver's struct_size (those later minors
+ * added) count as NULL, i.e. "not supported", and the runtime uses the
+ * fallback documented next to each. A driver of a newer minor also loads;
+ * the runtime reads only the members its own header declares. A minor
+ * only ever adds: table members and struct fields at the end, OPTIONAL
+ * calls, flags. Anything else is a new major. */
+#define PH_HAL_ABI_VERSION 1003
 
 /* ------------------------------------------------------------------------ */
 /* Status codes                                                             */
@@ -109,14 +126,23 @@ PH_API const char* ph_status_name(ph_status_t status);
  * call on this thread has failed. Never fails. */
 PH_API const char* ph_last_error_message(void);
 
-/* PH_HAL_ABI_VERSION of the header the driver was built with. */
+/* PH_HAL_ABI_VERSION of the header the driver was built with: the
+ * abi_version of its table. The runtime answers it from the table; a
+ * driver need not define it. */
 PH_API uint32_t ph_abi_version(void);
 
 /* ------------------------------------------------------------------------ */
 /* Devices                                                                  */
 /* ------------------------------------------------------------------------ */
 
+/* Versioned by size, as ph_device_telemetry_t: the caller sets
+ * struct_size to sizeof(ph_device_properties_t) as its header declares it;
+ * the driver writes only the fields that lie wholly within struct_size
+ * (and within its own struct), so fields added at the end by a later
+ * minor neither break an older driver nor an older caller. Since ABI 1003
+ * (before it the struct began at `name`). */
 typedef struct ph_device_properties {
+  size_t struct_size;       /* in: sizeof the caller's struct */
   char name[64];            /* e.g. "Phantom fake accelerator" */
   size_t total_memory;      /* bytes of device memory */
   int multiprocessor_count; /* compute units; informational */
@@ -136,7 +162,14 @@ PH_API ph_status_t ph_get_device(int* out_device);
  * PH_ERROR_INVALID_DEVICE if out of range. */
 PH_API ph_status_t ph_set_device(int device);
 
-/* PH_ERROR_INVALID_DEVICE if out of range. */
+/* Fills *out_props for `device`. The caller sets out_props->struct_size
+ * first; the driver clears the rest of the caller's struct (up to
+ * struct_size) on entry, then fills what fits. PH_ERROR_INVALID_ARGUMENT
+ * if out_props is NULL or struct_size is smaller than
+ * PH_DEVICE_PROPERTIES_MIN_SIZE (the struct as of ABI 1003);
+ * PH_ERROR_INVALID_DEVICE if out of range. */
+#define PH_DEVICE_PROPERTIES_MIN_SIZE \
+  (offsetof(ph_device_properties_t, stream_priority_high) + sizeof(int))
 PH_API ph_status_t ph_device_get_properties(int device,
                                             ph_device_properties_t* out_props);
 
@@ -341,7 +374,14 @@ PH_API ph_status_t ph_launch_host_func(ph_stream_t stream,
  * itself (it would wait for itself). A driver without a cheaper way may
  * implement it as launch + wait; one that cannot run host work at all
  * returns PH_ERROR_UNIMPLEMENTED after releasing the task. On any error
- * return, `release` has been called. Since ABI 1001. */
+ * return, `release` has been called. Since ABI 1001.
+ * Fallback: when the table member is NULL, or the driver returns
+ * PH_ERROR_UNIMPLEMENTED for it (the runtime then stops asking), the
+ * runtime queues the task with ph_launch_host_func and blocks until it has
+ * run or been released, then reports the task's failure or the stream's
+ * sticky error as above. The fallback cannot tell a call made from work
+ * running on `stream` itself (which would wait for itself); the runtime
+ * never makes one. */
 PH_API ph_status_t ph_run_host_func(ph_stream_t stream,
                                     const ph_host_task_t* task);
 
@@ -532,6 +572,125 @@ PH_API ph_status_t ph_ipc_get_event_handle(ph_event_t event,
  * the importer's queries see it as reached. */
 PH_API ph_status_t ph_ipc_open_event_handle(
     const ph_ipc_event_handle_t* handle, ph_event_t* out_event);
+
+/* ------------------------------------------------------------------------ */
+/* The driver table (since ABI 1003)                                        */
+/* ------------------------------------------------------------------------ */
+/*
+ * Loading. The runtime links no driver. At its first use of the device it
+ * opens the library the setting PHANTOM_DRIVER names (a path, or a file
+ * name searched as the dynamic loader searches from the runtime library,
+ * whose run path holds its own folder; by default the driver the build
+ * chose, the fake, installed next to the runtime), looks up
+ * ph_driver_get_table, calls it with the runtime's PH_HAL_ABI_VERSION and
+ * checks the table once: its major version (see PH_HAL_ABI_VERSION), and
+ * that every member not marked OPTIONAL is set. A library that cannot be
+ * opened, has no entry point, returns NULL, has another major or lacks a
+ * required member is refused with a sentence naming the file and what to
+ * do; every ph_* call then returns PH_ERROR_NOT_INITIALIZED with that
+ * sentence, as from a driver that could not start.
+ *
+ * Members. One per ph_* function above, with its signature, grouped by the
+ * ABI that added them and only ever appended. Required ones must be set.
+ * OPTIONAL ones may be NULL ("not supported": the runtime uses the
+ * function's documented fallback, as for PH_ERROR_UNIMPLEMENTED). Members
+ * past the driver's struct_size are treated as NULL, so a table built
+ * against an older minor is read correctly.
+ *
+ * Symbols. The library must export ph_driver_get_table. It may export
+ * other symbols, including its own ph_* functions (the fake does, so tests
+ * can link it directly), but the runtime defines the ph_* names too: the
+ * driver must bind its own references inside itself (link with
+ * -Wl,-Bsymbolic, or give its implementations internal names), else its
+ * calls to its own ph_* functions reach the runtime's.
+ *
+ * Lifetime. The table is static: it stays valid and unchanged while the
+ * library is loaded (the runtime never unloads it).
+ */
+typedef struct ph_driver_table {
+  /* sizeof(ph_driver_table_t) as the driver's header declares it. */
+  size_t struct_size;
+  /* PH_HAL_ABI_VERSION of the driver's header. */
+  uint32_t abi_version;
+
+  /* ABI 1000 */
+  const char* (*status_name)(ph_status_t status);
+  const char* (*last_error_message)(void);
+  ph_status_t (*device_count)(int* out_count);
+  ph_status_t (*get_device)(int* out_device);
+  ph_status_t (*set_device)(int device);
+  ph_status_t (*device_get_properties)(int device,
+                                       ph_device_properties_t* out_props);
+  ph_status_t (*device_synchronize)(int device);
+  ph_status_t (*mem_get_info)(int device, size_t* out_free,
+                              size_t* out_total);
+  ph_status_t (*malloc)(int device, size_t size, void** out_ptr);
+  ph_status_t (*free)(void* ptr);
+  ph_status_t (*host_malloc)(size_t size, void** out_ptr);
+  ph_status_t (*host_free)(void* ptr);
+  ph_status_t (*pointer_get_attributes)(const void* ptr,
+                                        ph_pointer_attributes_t* out_attr);
+  /* OPTIONAL: without it the operator layer has no zero-copy generic
+   * path (see ph_kernel_address). */
+  ph_status_t (*kernel_address)(const void* device_ptr, void** out_ptr);
+  ph_status_t (*stream_create)(int device, int priority,
+                               ph_stream_t* out_stream);
+  ph_status_t (*stream_destroy)(ph_stream_t stream);
+  ph_status_t (*stream_query)(ph_stream_t stream);
+  ph_status_t (*stream_synchronize)(ph_stream_t stream);
+  ph_status_t (*stream_get_device)(ph_stream_t stream, int* out_device);
+  ph_status_t (*stream_get_priority)(ph_stream_t stream, int* out_priority);
+  ph_status_t (*stream_wait_event)(ph_stream_t stream, ph_event_t event);
+  ph_status_t (*launch_host_func)(ph_stream_t stream,
+                                  const ph_host_task_t* task);
+  ph_status_t (*memcpy)(void* dst, const void* src, size_t size,
+                        ph_memcpy_kind_t kind);
+  ph_status_t (*memcpy_async)(void* dst, const void* src, size_t size,
+                              ph_memcpy_kind_t kind, ph_stream_t stream);
+  ph_status_t (*memset_async)(void* dst, int value, size_t size,
+                              ph_stream_t stream);
+  ph_status_t (*event_create)(unsigned flags, ph_event_t* out_event);
+  ph_status_t (*event_destroy)(ph_event_t event);
+  ph_status_t (*event_record)(ph_event_t event, ph_stream_t stream);
+  ph_status_t (*event_query)(ph_event_t event);
+  ph_status_t (*event_synchronize)(ph_event_t event);
+  ph_status_t (*event_elapsed_time)(ph_event_t start, ph_event_t end,
+                                    float* out_ms);
+
+  /* ABI 1001 */
+  /* OPTIONAL: the runtime falls back to launch + wait (ph_run_host_func). */
+  ph_status_t (*run_host_func)(ph_stream_t stream, const ph_host_task_t* task);
+
+  /* ABI 1002, all OPTIONAL (fallbacks next to each function above) */
+  ph_status_t (*device_get_telemetry)(int device,
+                                      ph_device_telemetry_t* out_telemetry);
+  ph_status_t (*ipc_get_mem_handle)(const void* device_ptr,
+                                    ph_ipc_mem_handle_t* out_handle);
+  ph_status_t (*ipc_open_mem_handle)(const ph_ipc_mem_handle_t* handle,
+                                     void** out_ptr);
+  ph_status_t (*ipc_close_mem_handle)(void* device_ptr);
+  ph_status_t (*ipc_get_event_handle)(ph_event_t event,
+                                      ph_ipc_event_handle_t* out_handle);
+  ph_status_t (*ipc_open_event_handle)(const ph_ipc_event_handle_t* handle,
+                                       ph_event_t* out_event);
+
+  /* ABI 1003 added the table itself. Later minors append sections here,
+   * each headed by the ABI that added it. */
+} ph_driver_table_t;
+
+/* The entry point's name, for dlsym. */
+#define PH_DRIVER_ENTRY_POINT "ph_driver_get_table"
+
+/* The one entry point a driver implements. `runtime_abi_version` is the
+ * PH_HAL_ABI_VERSION of the runtime asking, so a driver can refuse a
+ * runtime it cannot serve by returning NULL (the runtime then says the
+ * driver refused its version). Otherwise it returns its static table, the
+ * same pointer on every call. It must not start the device (that is
+ * ph_device_count's job) and is safe to call from any thread. */
+typedef const ph_driver_table_t* (*ph_driver_get_table_fn)(
+    uint32_t runtime_abi_version);
+PH_API const ph_driver_table_t* ph_driver_get_table(
+    uint32_t runtime_abi_version);
 
 #ifdef __cplusplus
 } /* extern "C" */

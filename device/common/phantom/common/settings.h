@@ -50,6 +50,7 @@ enum class Kind {
   kSwitch,    // 0 or 1
   kFraction,  // a decimal fraction strictly between 0 and 1
   kOptions,   // comma-separated key:value options, each a Spec of its own
+  kLibrary,   // a shared library: a file name or a path to one
 };
 
 // The layer that reads a setting (shown in the README table).
@@ -158,6 +159,15 @@ inline constexpr Spec kRaceDetector = Count(
     "PHANTOM_RACE_DETECTOR", 0, 2, 0, "0 (off)", nullptr, Reader::kPython,
     "1 reports races between streams as warnings, 2 as errors "
     "(docs/race-detector.md)");
+// The driver the runtime loads (device/runtime/DriverLoader.cpp). The
+// default is the driver the build chose, the fake unless a vendor's build
+// names another (CMakeLists.txt, PHANTOM_DRIVER).
+inline constexpr Spec kDriver{
+    "PHANTOM_DRIVER", Kind::kLibrary, 0, 0, 0, "libphantom_fake.so",
+    nullptr, Reader::kRuntime,
+    "the HAL driver library the runtime loads (docs/fake-driver.md, "
+    "\"Loading\")"};
+
 // Test-only: plays a driver that cannot share memory between processes
 // (device/fake/ipc.h, docs/multiprocessing.md).
 inline constexpr Spec kFakeNoIpc = Switch(
@@ -169,7 +179,8 @@ inline constexpr Spec kFakeNoIpc = Switch(
 inline constexpr const Spec* kAll[] = {
     &kDeviceCount, &kDeviceMemory, &kAllocConf,  &kFaultAlloc,
     &kFaultKernel, &kFaultLatencyUs, &kNoLending, &kSyncGeneric,
-    &kDebugMemo,   &kOpsReport,     &kRaceDetector, &kFakeNoIpc};
+    &kDebugMemo,   &kOpsReport,     &kRaceDetector, &kDriver,
+    &kFakeNoIpc};
 
 // The setting called `name` (a top-level PHANTOM_* one), or nullptr.
 const Spec* Find(const char* name);
@@ -187,6 +198,7 @@ struct Value {
     double fraction;
   };
   std::vector<Option> options;  // kOptions, in the order given
+  std::string text;  // kLibrary: the value, trimmed (the default if unset)
 
   // The option `spec` if it was given, else nullptr.
   const Option* option(const Spec& spec) const;
@@ -206,7 +218,7 @@ std::string Accepted(const Spec& spec);
 // "Fake driver", "runtime", "ops" or "python".
 const char* ReaderName(Reader reader);
 
-// "count", "size", "switch", "fraction" or "options".
+// "count", "size", "switch", "fraction", "options" or "library".
 const char* KindName(Kind kind);
 
 // A size as the settings spell it: "1MiB", "8GiB", "1536KiB", "1000B".

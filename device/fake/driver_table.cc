@@ -1,0 +1,69 @@
+// The fake driver's one entry point: ph_driver_get_table (phantom/hal.h,
+// "The driver table").
+//
+// The runtime loads the fake at run time like any driver: it opens
+// libphantom_fake.so, calls ph_driver_get_table and reaches every HAL call
+// through the table below, whose members are the fake's own ph_*
+// functions (hal_entry.cc, ipc_entry.cc). The library also exports those
+// functions by name, so tests and tools can link the fake directly or
+// load it with ctypes; it is linked with -Bsymbolic (CMakeLists.txt), so
+// the addresses taken here, and the fake's calls among its own functions,
+// bind inside the library and never to the runtime's forwarding ph_*
+// functions of the same names.
+#include "phantom/hal.h"
+
+namespace {
+
+constexpr ph_driver_table_t kTable = {
+    sizeof(ph_driver_table_t),
+    PH_HAL_ABI_VERSION,
+    // ABI 1000
+    &ph_status_name,
+    &ph_last_error_message,
+    &ph_device_count,
+    &ph_get_device,
+    &ph_set_device,
+    &ph_device_get_properties,
+    &ph_device_synchronize,
+    &ph_mem_get_info,
+    &ph_malloc,
+    &ph_free,
+    &ph_host_malloc,
+    &ph_host_free,
+    &ph_pointer_get_attributes,
+    &ph_kernel_address,
+    &ph_stream_create,
+    &ph_stream_destroy,
+    &ph_stream_query,
+    &ph_stream_synchronize,
+    &ph_stream_get_device,
+    &ph_stream_get_priority,
+    &ph_stream_wait_event,
+    &ph_launch_host_func,
+    &ph_memcpy,
+    &ph_memcpy_async,
+    &ph_memset_async,
+    &ph_event_create,
+    &ph_event_destroy,
+    &ph_event_record,
+    &ph_event_query,
+    &ph_event_synchronize,
+    &ph_event_elapsed_time,
+    // ABI 1001
+    &ph_run_host_func,
+    // ABI 1002
+    &ph_device_get_telemetry,
+    &ph_ipc_get_mem_handle,
+    &ph_ipc_open_mem_handle,
+    &ph_ipc_close_mem_handle,
+    &ph_ipc_get_event_handle,
+    &ph_ipc_open_event_handle,
+};
+
+}  // namespace
+
+// Every runtime of major 1 is served: the fake implements every member.
+const ph_driver_table_t* ph_driver_get_table(uint32_t runtime_abi_version) {
+  (void)runtime_abi_version;
+  return &kTable;
+}
