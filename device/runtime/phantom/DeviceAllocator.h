@@ -53,6 +53,8 @@
 // never taken. Frees may come from any thread, including stream workers.
 #pragma once
 
+#include <phantom/AllocatorHistory.h>
+
 #include <c10/core/CachingDeviceAllocator.h>
 
 #include <atomic>
@@ -104,8 +106,15 @@ class PhantomDeviceAllocator final : public c10::DeviceAllocator {
   void resetPeakStats(c10::DeviceIndex device) override;
   std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex device) override;
 
-  // Every segment of every device with its blocks (torch.phantom.memory_snapshot).
+  // Every segment of every device with its blocks (torch.phantom.memory_snapshot),
+  // with the stacks that allocated them while memory history records them.
   std::vector<c10::CachingDeviceAllocator::SegmentInfo> snapshot();
+
+  // torch.phantom.memory._record_memory_history, on every device
+  // (phantom/AllocatorHistory.h).
+  void recordHistory(const HistoryOptions& options);
+  // Each device's recorded trace, oldest first; index = device.
+  std::vector<std::vector<c10::CachingDeviceAllocator::TraceEntry>> traces();
 
   // The settings in force (from PHANTOM_ALLOC_CONF); throws if malformed.
   const AllocatorSettings& settings();
