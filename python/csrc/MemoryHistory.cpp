@@ -224,7 +224,10 @@ void attachObserver(py::object observer) {
 }  // namespace
 
 void initMemoryHistory(py::module& m) {
-  m.def("_memory_snapshot", [] { return snapshot()["segments"]; });
+  m.def("_memory_snapshot", [] {
+    const py::dict full = snapshot();
+    return py::object(full["segments"]);
+  });
   m.def("_memory_snapshot_full", &snapshot);
   m.def("_record_memory_history", &recordHistory, py::arg("enabled"),
         py::arg("trace"), py::arg("context"), py::arg("cpp_frames"),
