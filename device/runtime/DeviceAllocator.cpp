@@ -778,6 +778,9 @@ AllocatorSettings parseAllocatorSettings(const std::string& text) {
   if (const auto* option = value.option(settings::kGarbageCollectionThreshold)) {
     result.garbage_collection_threshold = option->fraction;
   }
+  if (const auto* option = value.option(settings::kRecordMemoryHistory)) {
+    result.record_memory_history = static_cast<size_t>(option->number);
+  }
   return result;
 }
 
@@ -825,6 +828,13 @@ const AllocatorSettings& PhantomDeviceAllocator::settings() {
     for (c10::DeviceIndex device = 0; device < count; ++device) {
       devices_.push_back(
           std::make_unique<DeviceCachingAllocator>(device, settings_));
+      if (settings_.record_memory_history > 0) {
+        HistoryOptions history;  // _record_memory_history(stacks="python")
+        history.enabled = history.trace = true;
+        history.context = c10::CachingDeviceAllocator::RecordContext::ALL;
+        history.max_entries = settings_.record_memory_history;
+        devices_.back()->configureHistory(history);
+      }
     }
     ready_.store(true, std::memory_order_release);
   });

@@ -10,7 +10,7 @@
 // between stacks are resolved once), into lists of {filename, line, name}.
 //
 // Stacks of Python frames need torch's Python unwinder, which this module
-// registers the first time history is switched on.
+// registers when it loads.
 #include "MemoryHistory.h"
 
 #include <phantom/AllocatorHistory.h>
@@ -180,14 +180,13 @@ py::dict snapshot() {
           : static_cast<int64_t>(settings.max_split_size);
   allocator_settings["garbage_collection_threshold"] =
       settings.garbage_collection_threshold;
+  allocator_settings["record_memory_history"] = settings.record_memory_history;
   result["allocator_settings"] = allocator_settings;
   return result;
 }
 
 void recordHistory(bool enabled, bool trace, int context, bool cpp_frames,
                    size_t max_entries, bool clear, uint32_t skip_actions) {
-  static std::once_flag unwinder;
-  std::call_once(unwinder, [] { torch::installCapturedTracebackPython(); });
   HistoryOptions options;
   options.enabled = enabled;
   options.trace = trace;
@@ -224,6 +223,9 @@ void attachObserver(py::object observer) {
 }  // namespace
 
 void initMemoryHistory(py::module& m) {
+  // Python frames in stacks; costs nothing until history records
+  // (PHANTOM_ALLOC_CONF=record_memory_history:N records from start-up).
+  torch::installCapturedTracebackPython();
   m.def("_memory_snapshot", [] {
     const py::dict full = snapshot();
     return py::object(full["segments"]);

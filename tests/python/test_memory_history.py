@@ -257,3 +257,32 @@ def test_bad_arguments_are_refused_at_the_call(kwargs, error, words):
 def test_a_non_callable_observer_is_refused():
     with pytest.raises(TypeError, match="observer must be callable"):
         memory._attach_out_of_memory_observer(42)
+
+
+def test_alloc_conf_records_from_start_up():
+    program = r"""
+import json
+import torch
+x = torch.empty(1000, device="phantom")
+snapshot = torch.phantom.memory._snapshot()
+entries = [e for e in snapshot["device_traces"][0] if e["addr"] == x.data_ptr()]
+print(json.dumps({"actions": [e["action"] for e in entries],
+                  "frames": [f["filename"] for e in entries for f in e["frames"]],
+                  "settings": snapshot["allocator_settings"]}))
+"""
+    result = run_python(program, extra_env={"PHANTOM_ALLOC_CONF": "record_memory_history:100"})
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    # The first allocation of the process is there, with its segment.
+    assert report["actions"] == ["segment_alloc", "alloc"]
+    assert report["settings"]["record_memory_history"] == 100
+    # Python frames, as stacks="python": the program's own line is there.
+    assert "<string>" in report["frames"]
+    assert not any(name.endswith((".cpp", ".c", ".h")) for name in report["frames"])
+
+
+def test_alloc_conf_refuses_a_malformed_history_size():
+    result = run_python("import torch_phantom",
+                        extra_env={"PHANTOM_ALLOC_CONF": "record_memory_history:0"})
+    assert result.returncode != 0
+    assert "record_memory_history" in result.stderr

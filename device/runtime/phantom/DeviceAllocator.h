@@ -44,7 +44,8 @@
 //  - rawAlloc/rawDelete hand out bare device pointers to other libraries
 //    (caching_allocator_alloc/delete), from the same cache.
 //
-// Settings: PHANTOM_ALLOC_CONF="max_split_size_mb:N,garbage_collection_threshold:F"
+// Settings: PHANTOM_ALLOC_CONF="max_split_size_mb:N,garbage_collection_threshold:F,
+// record_memory_history:N"
 // (see docs/allocator.md), parsed by the settings parser
 // (phantom/common/settings.h). A malformed value is an error at start-up.
 //
@@ -76,6 +77,7 @@ constexpr size_t kRoundLarge = 2 << 20;        // 2 MiB: rounding of big segment
 struct AllocatorSettings {
   size_t max_split_size = SIZE_MAX;       // blocks at least this big are never split
   double garbage_collection_threshold = 0;  // 0: off; else fraction of capacity
+  size_t record_memory_history = 0;  // 0: off; else history entries kept
 };
 
 // Parses a PHANTOM_ALLOC_CONF value; throws c10::ValueError saying what is
