@@ -283,7 +283,8 @@ class DeviceCachingAllocator {
       }
       for (Block* b = head; b != nullptr; b = b->next) {
         BlockInfo info;
-        if (b->allocated && C10_UNLIKELY(history_.on())) {
+        if ((b->allocated || b->pending_events > 0) &&
+            C10_UNLIKELY(history_.on())) {
           info.context_when_allocated = history_.blockContext(b->ptr);
         }
         info.size = b->size;

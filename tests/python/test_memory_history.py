@@ -102,7 +102,10 @@ def test_free_completes_only_after_the_stream_that_used_it_finishes():
     pending = memory._snapshot()
     assert [e["action"] for e in _entries(pending, addr)][-2:] == [
         "alloc", "free_requested"]
-    assert _block_at(pending, addr)[1]["state"] == "active_pending_free"
+    block = _block_at(pending, addr)[1]
+    assert block["state"] == "active_pending_free"
+    assert "test_free_completes_only_after_the_stream_that_used_it_finishes" in _names(
+        block["frames"])
 
     side.synchronize()
     torch.empty(1, device="phantom")
