@@ -40,7 +40,8 @@ run tsan "-fsanitize=thread -fno-omit-frame-pointer"
 # building only the runtime tests (tests/runtime) and what they link.
 cmake -S . -B "$root/asan-runtime" -G Ninja -DPHANTOM_BUILD_PYTHON=OFF \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo "-DPHANTOM_SANITIZE=$asan_flags" >/dev/null
-cmake --build "$root/asan-runtime" --target phantom_runtime_tests phantom_settings_startup_tests
+cmake --build "$root/asan-runtime" --target phantom_runtime_tests \
+  phantom_settings_startup_tests phantom_observability_tests
 echo "== ctest of tests/runtime under asan-runtime"
 LSAN_OPTIONS="suppressions=$PWD/tests/sanitizers/lsan.supp" \
   ctest --test-dir "$root/asan-runtime/tests/runtime" --output-on-failure -j2

@@ -2,6 +2,7 @@
 // AllocatorBlocks.h.
 #include "AllocatorBlocks.h"
 
+#include <phantom/AllocatorHistory.h>
 #include <phantom/DeviceAllocator.h>
 #include <phantom/Device.h>
 #include <phantom/Exception.h>
@@ -32,6 +33,7 @@ using c10::CachingAllocator::StatType;
 using c10::CachingDeviceAllocator::BlockInfo;
 using c10::CachingDeviceAllocator::DeviceStats;
 using c10::CachingDeviceAllocator::SegmentInfo;
+using c10::CachingDeviceAllocator::TraceEntry;
 using allocator_detail::Block;
 using allocator_detail::BlockPool;
 
@@ -95,13 +97,17 @@ void deleteBlock(void* context);
 class DeviceCachingAllocator {
  public:
   DeviceCachingAllocator(c10::DeviceIndex device, const AllocatorSettings& settings)
-      : device_(device), settings_(settings) {
+      : device_(device), settings_(settings), history_(device) {
     size_t free_bytes = 0;
     PHANTOM_CHECK(ph_mem_get_info(device, &free_bytes, &capacity_));
     segment_cap_ = segmentCapFor(capacity_);
   }
 
   Block* malloc(size_t requested, c10::StreamId stream) {
+    AllocatorHistory::Context context;  // memory history (AllocatorHistory.h)
+    if (C10_UNLIKELY(history_.on())) {
+      context = history_.gather(TraceEntry::ALLOC);
+    }
     std::unique_lock<std::mutex> lock(mutex_);
     processEvents();
     const size_t size = roundSize(requested);
@@ -109,11 +115,11 @@ class DeviceCachingAllocator {
     Block* block = takeFreeBlock(pool, stream, size);
     bool over_fraction = false;
     if (block == nullptr) {
-      block = newSegment(pool, stream, size, lock, &over_fraction);
+      block = newSegment(pool, stream, size, lock, &over_fraction, context);
     }
     if (block == nullptr) {
       throwOutOfMemory(requested, segmentSizeFor(size, segment_cap_), lock,
-                       over_fraction);
+                       over_fraction, stream, context);
     }
     block = splitForRequest(block, size);
     block->allocated = true;
@@ -127,11 +133,21 @@ class DeviceCachingAllocator {
     if (block->size >= settings_.max_split_size) {
       stats_.oversize_allocations.increase(1);
     }
+    if (C10_UNLIKELY(history_.on())) {
+      history_.allocated(block->ptr, block->size, stream, context);
+    }
     return block;
   }
 
   void free(Block* block) {
+    AllocatorHistory::Context context;
+    if (C10_UNLIKELY(history_.on())) {
+      context = history_.gather(TraceEntry::FREE_REQUESTED);
+    }
     std::lock_guard<std::mutex> lock(mutex_);
+    if (C10_UNLIKELY(history_.on())) {
+      history_.freeRequested(block->ptr, block->size, block->stream, context);
+    }
     block->allocated = false;
     const size_t pool_type = block->pool->is_small ? kSmallPool : kLargePool;
     update(stats_.allocation, pool_type, -1);
@@ -263,8 +279,15 @@ class DeviceCachingAllocator {
       segment.address = reinterpret_cast<size_t>(head->ptr);
       segment.stream = reinterpret_cast<void*>(head->stream);
       segment.is_large = !head->pool->is_small;
+      if (C10_UNLIKELY(history_.on())) {
+        segment.context_when_allocated = history_.segmentContext(head->ptr);
+      }
       for (Block* b = head; b != nullptr; b = b->next) {
         BlockInfo info;
+        if ((b->allocated || b->pending_events > 0) &&
+            C10_UNLIKELY(history_.on())) {
+          info.context_when_allocated = history_.blockContext(b->ptr);
+        }
         info.size = b->size;
         info.requested_size = b->requested_size;
         info.allocated = b->allocated;
@@ -281,6 +304,16 @@ class DeviceCachingAllocator {
       }
       out.push_back(std::move(segment));
     }
+  }
+
+  void configureHistory(const HistoryOptions& options) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    history_.configure(options);
+  }
+
+  std::vector<TraceEntry> trace() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return history_.trace();
   }
 
  private:
@@ -372,7 +405,8 @@ class DeviceCachingAllocator {
   // driver nor the per-process fraction (*over_fraction then) allows it,
   // even after every cached segment went back to the driver.
   Block* newSegment(BlockPool& pool, c10::StreamId stream, size_t size,
-                    std::unique_lock<std::mutex>& lock, bool* over_fraction) {
+                    std::unique_lock<std::mutex>& lock, bool* over_fraction,
+                    const AllocatorHistory::Context& context) {
     const size_t segment_size = segmentSizeFor(size, segment_cap_);
     maybeCollectGarbage(segment_size, lock);
     void* ptr = nullptr;
@@ -401,6 +435,9 @@ class DeviceCachingAllocator {
     stats_.num_device_alloc += 1;
     if (segment_size >= settings_.max_split_size) {
       stats_.oversize_segments.increase(1);
+    }
+    if (C10_UNLIKELY(history_.on())) {
+      history_.segmentAllocated(ptr, segment_size, stream, context);
     }
     return block;
   }
@@ -446,6 +483,9 @@ class DeviceCachingAllocator {
   // The block (no longer allocated, no pending events) rejoins its pool,
   // merged with free neighbours.
   void returnToPool(Block* block) {
+    if (C10_UNLIKELY(history_.on())) {
+      history_.freeCompleted(block->ptr, block->size, block->stream);
+    }
     const size_t pool_type = block->pool->is_small ? kSmallPool : kLargePool;
     update(stats_.active, pool_type, -1);
     update(stats_.active_bytes, pool_type, -int64_t(block->size));
@@ -553,6 +593,9 @@ class DeviceCachingAllocator {
   }
 
   void releaseSegment(Block* block) {
+    if (C10_UNLIKELY(history_.on())) {
+      history_.segmentFreed(block->ptr, block->size, block->stream);
+    }
     if (ph_free(block->ptr) != PH_SUCCESS) {
       std::fprintf(stderr, "phantom: ph_free(%p) failed: %s\n", block->ptr,
                    ph_last_error_message());
@@ -586,9 +629,11 @@ class DeviceCachingAllocator {
   // refused `segment_size` bytes. For the driver, its ph_last_error_message()
   // (this thread's) still says why, in the driver's words (for the fake:
   // the largest free range, and the setting that sets the capacity).
-  [[noreturn]] void throwOutOfMemory(size_t requested, size_t segment_size,
-                                     std::unique_lock<std::mutex>& lock,
-                                     bool over_fraction) {
+  [[noreturn]] void throwOutOfMemory(
+      size_t requested, size_t segment_size,
+      std::unique_lock<std::mutex>& lock, bool over_fraction,
+      c10::StreamId stream = 0,
+      const AllocatorHistory::Context& context = nullptr) {
     const std::string driver_says =
         over_fraction ? std::string() : std::string(ph_last_error_message());
     stats_.num_ooms += 1;
@@ -600,7 +645,11 @@ class DeviceCachingAllocator {
     size_t free_bytes = 0;
     size_t total = 0;
     (void)ph_mem_get_info(device_, &free_bytes, &total);
+    if (C10_UNLIKELY(history_.on())) {
+      history_.outOfMemory(requested, free_bytes, stream, context);
+    }
     lock.unlock();
+    notifyOutOfMemory(device_, requested, allowed, free_bytes);
     // When the segment is bigger than the request, the segment is what
     // found no room: say so, or "free on the device" below would seem to
     // contradict the failure.
@@ -708,6 +757,7 @@ class DeviceCachingAllocator {
   std::deque<std::pair<ph_event_t, Block*>> pending_;
   std::vector<Block*> spare_;  // recycled Block records (never shrinks: few)
   DeviceStats stats_;
+  AllocatorHistory history_;
 };
 
 // ---------------------------------------------------------------------------
@@ -729,6 +779,9 @@ AllocatorSettings parseAllocatorSettings(const std::string& text) {
   }
   if (const auto* option = value.option(settings::kGarbageCollectionThreshold)) {
     result.garbage_collection_threshold = option->fraction;
+  }
+  if (const auto* option = value.option(settings::kRecordMemoryHistory)) {
+    result.record_memory_history = static_cast<size_t>(option->number);
   }
   return result;
 }
@@ -777,6 +830,13 @@ const AllocatorSettings& PhantomDeviceAllocator::settings() {
     for (c10::DeviceIndex device = 0; device < count; ++device) {
       devices_.push_back(
           std::make_unique<DeviceCachingAllocator>(device, settings_));
+      if (settings_.record_memory_history > 0) {
+        HistoryOptions history;  // _record_memory_history(stacks="python")
+        history.enabled = history.trace = true;
+        history.context = c10::CachingDeviceAllocator::RecordContext::ALL;
+        history.max_entries = settings_.record_memory_history;
+        devices_.back()->configureHistory(history);
+      }
     }
     ready_.store(true, std::memory_order_release);
   });
@@ -947,6 +1007,22 @@ std::vector<SegmentInfo> PhantomDeviceAllocator::snapshot() {
     device->snapshot(segments);
   }
   return segments;
+}
+
+void PhantomDeviceAllocator::recordHistory(const HistoryOptions& options) {
+  settings();
+  for (auto& device : devices_) {
+    device->configureHistory(options);
+  }
+}
+
+std::vector<std::vector<TraceEntry>> PhantomDeviceAllocator::traces() {
+  settings();
+  std::vector<std::vector<TraceEntry>> out;
+  for (auto& device : devices_) {
+    out.push_back(device->trace());
+  }
+  return out;
 }
 
 PhantomDeviceAllocator& deviceAllocator() {

@@ -22,6 +22,7 @@
 #include <phantom/SyncDebug.h>
 
 #include "Compile.h"
+#include "MemoryHistory.h"
 
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/Generator.h>
@@ -173,6 +174,7 @@ py::dict deviceTelemetry(c10::DeviceIndex device) {
 PYBIND11_MODULE(_C, m) {
   m.doc() = "Phantom device runtime (private; use torch.phantom)";
   phantom::python::initCompile(m);  // torch.compile's primitives
+  phantom::python::initMemoryHistory(m);
 
   m.def("_device_count", [] { return phantom::deviceCountNoThrow(); });
   m.def("_driver_error", [] { return phantom::driverStartupError(); });
@@ -439,35 +441,5 @@ PYBIND11_MODULE(_C, m) {
                                    : py::cast(settings.max_split_size);
     result["garbage_collection_threshold"] = settings.garbage_collection_threshold;
     return result;
-  });
-  m.def("_memory_snapshot", [] {
-    py::list segments;
-    for (const auto& segment : phantom::deviceAllocator().snapshot()) {
-      py::dict info;
-      info["device"] = segment.device;
-      info["address"] = segment.address;
-      info["total_size"] = segment.total_size;
-      info["allocated_size"] = segment.allocated_size;
-      info["active_size"] = segment.active_size;
-      info["requested_size"] = segment.requested_size;
-      info["stream"] = reinterpret_cast<int64_t>(segment.stream);
-      info["segment_type"] = segment.is_large ? "large" : "small";
-      py::list blocks;
-      size_t address = segment.address;
-      for (const auto& block : segment.blocks) {
-        py::dict entry;
-        entry["address"] = address;
-        entry["size"] = block.size;
-        entry["requested_size"] = block.requested_size;
-        entry["state"] = block.allocated ? "active_allocated"
-                         : block.active ? "active_pending_free"
-                                        : "inactive";
-        blocks.append(entry);
-        address += block.size;
-      }
-      info["blocks"] = blocks;
-      segments.append(info);
-    }
-    return segments;
   });
 }

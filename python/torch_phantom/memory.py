@@ -21,6 +21,12 @@ from typing import Any, Dict, Iterator, Optional, Tuple, Union
 import torch as _torch
 
 from . import _C
+from ._memory_history import (  # noqa: F401  (torch.cuda.memory's private API)
+    _attach_out_of_memory_observer,
+    _dump_snapshot,
+    _record_memory_history,
+    _snapshot,
+)
 
 __all__ = [
     "caching_allocator_alloc",
@@ -211,15 +217,16 @@ def memory_snapshot(mempool_id=None, include_traces: bool = True) -> list:
     blocks: the same shape as ``torch.cuda.memory_snapshot()``'s segments
     (``device``, ``address``, ``total_size``, ``allocated_size``,
     ``active_size``, ``requested_size``, ``stream``, ``segment_type``,
-    ``blocks`` of ``address``/``size``/``requested_size``/``state``).
-    Phantom records no allocation history, so there are no traces;
+    ``blocks`` of ``address``/``size``/``requested_size``/``state``/
+    ``frames``; the frames are there while :func:`_record_memory_history`
+    records). The history itself is in :func:`_snapshot`;
     ``mempool_id`` must be None (memory pools come with graph capture)."""
     if mempool_id is not None:
         raise NotImplementedError(
             "memory_snapshot(mempool_id=...): phantom has no memory pools "
             "yet (they come with graph capture); call memory_snapshot()"
         )
-    del include_traces  # nothing is recorded to include
+    del include_traces  # the segments carry no traces (as on CUDA)
     return _C._memory_snapshot()
 
 

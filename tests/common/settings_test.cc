@@ -169,6 +169,9 @@ TEST(SettingsRules, RangesAreInclusiveAndEnforced) {
   EXPECT_TRUE(Accepts(kAllocConf, "max_split_size_mb:1048576"));
   EXPECT_FALSE(Accepts(kAllocConf, "max_split_size_mb:20"));
   EXPECT_FALSE(Accepts(kAllocConf, "max_split_size_mb:1048577"));
+  EXPECT_TRUE(Accepts(kAllocConf, "record_memory_history:1", &value));
+  EXPECT_EQ(value.option(kRecordMemoryHistory)->number, 1u);
+  EXPECT_FALSE(Accepts(kAllocConf, "record_memory_history:0"));
 }
 
 TEST(SettingsRules, OverflowingNumbersAreRefusedNeverWrapped) {
@@ -294,7 +297,8 @@ TEST(SettingsSentence, ExactWording) {
             "not in range: larger than 1048576; accepted: comma-separated "
             "key:value options, each at most once: max_split_size_mb (a whole "
             "number of MiB from 21 to 1048576), garbage_collection_threshold (a "
-            "fraction strictly between 0 and 1); unset it for the default (no "
+            "fraction strictly between 0 and 1), record_memory_history (a whole "
+            "number of entries, 1 or more); unset it for the default (no "
             "options)");
 }
 

@@ -108,7 +108,9 @@ NOTES = {
     "memory_usage": "measured by the fake: its copies' busy time",
     "list_gpu_processes": "this process (the HAL has no process query)",
     "ipc_collect": "frees memory other processes are done with (docs/multiprocessing.md)",
-    "memory_snapshot": "segments and blocks; no allocation history (issue 23)",
+    "memory_snapshot": "segments and blocks, with the stacks that allocated "
+                       "them while memory history records; the history is "
+                       "torch.phantom.memory._snapshot() (docs/profiling.md)",
     "get_allocator_backend": "\"native\"",
     "set_sync_debug_mode": "also reports the waits phantom itself makes",
 }

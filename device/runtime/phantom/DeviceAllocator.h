@@ -44,7 +44,8 @@
 //  - rawAlloc/rawDelete hand out bare device pointers to other libraries
 //    (caching_allocator_alloc/delete), from the same cache.
 //
-// Settings: PHANTOM_ALLOC_CONF="max_split_size_mb:N,garbage_collection_threshold:F"
+// Settings: PHANTOM_ALLOC_CONF="max_split_size_mb:N,garbage_collection_threshold:F,
+// record_memory_history:N"
 // (see docs/allocator.md), parsed by the settings parser
 // (phantom/common/settings.h). A malformed value is an error at start-up.
 //
@@ -52,6 +53,8 @@
 // statistics. It is never held while waiting for a stream, and the GIL is
 // never taken. Frees may come from any thread, including stream workers.
 #pragma once
+
+#include <phantom/AllocatorHistory.h>
 
 #include <c10/core/CachingDeviceAllocator.h>
 
@@ -74,6 +77,7 @@ constexpr size_t kRoundLarge = 2 << 20;        // 2 MiB: rounding of big segment
 struct AllocatorSettings {
   size_t max_split_size = SIZE_MAX;       // blocks at least this big are never split
   double garbage_collection_threshold = 0;  // 0: off; else fraction of capacity
+  size_t record_memory_history = 0;  // 0: off; else history entries kept
 };
 
 // Parses a PHANTOM_ALLOC_CONF value; throws c10::ValueError saying what is
@@ -104,8 +108,15 @@ class PhantomDeviceAllocator final : public c10::DeviceAllocator {
   void resetPeakStats(c10::DeviceIndex device) override;
   std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex device) override;
 
-  // Every segment of every device with its blocks (torch.phantom.memory_snapshot).
+  // Every segment of every device with its blocks (torch.phantom.memory_snapshot),
+  // with the stacks that allocated them while memory history records them.
   std::vector<c10::CachingDeviceAllocator::SegmentInfo> snapshot();
+
+  // torch.phantom.memory._record_memory_history, on every device
+  // (phantom/AllocatorHistory.h).
+  void recordHistory(const HistoryOptions& options);
+  // Each device's recorded trace, oldest first; index = device.
+  std::vector<std::vector<c10::CachingDeviceAllocator::TraceEntry>> traces();
 
   // The settings in force (from PHANTOM_ALLOC_CONF); throws if malformed.
   const AllocatorSettings& settings();

@@ -120,8 +120,15 @@ inline constexpr Spec kGarbageCollectionThreshold{
     nullptr, Reader::kRuntime,
     "when reserved memory would pass F x capacity, cached segments are "
     "freed first"};
+// Memory history from start-up, as _record_memory_history(max_entries=N,
+// stacks="python") (device/runtime/AllocatorHistory.cpp).
+inline constexpr Spec kRecordMemoryHistory = Count(
+    "record_memory_history", 1, kUnbounded, 0, "(off)", "entries",
+    Reader::kRuntime,
+    "records memory history from start-up, keeping the last N entries "
+    "(docs/profiling.md)");
 inline constexpr const Spec* kAllocatorOptions[] = {
-    &kMaxSplitSizeMb, &kGarbageCollectionThreshold};
+    &kMaxSplitSizeMb, &kGarbageCollectionThreshold, &kRecordMemoryHistory};
 inline constexpr Spec kAllocConf{
     "PHANTOM_ALLOC_CONF", Kind::kOptions, 0, 0, 0, "(no options)", nullptr,
     Reader::kRuntime, "caching allocator options (docs/allocator.md)",
