@@ -109,7 +109,7 @@ __all__ = [
     # Streams and events
     "Stream", "ExternalStream", "Event", "StreamContext", "stream",
     "current_stream", "default_stream", "set_stream",
-    "get_stream_from_external",
+    "get_stream_from_external", "race_detector",
     # Random numbers
     "default_generators", "get_rng_state", "get_rng_state_all",
     "set_rng_state", "set_rng_state_all", "manual_seed", "manual_seed_all",

@@ -48,7 +48,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from . import _gpu_trace
 from ._name import BACKEND_NAME
 
-__all__ = ["enable", "disable", "is_enabled", "detecting", "Race",
+__all__ = ["enable", "disable", "is_enabled", "detecting", "Access", "Race",
            "StreamRaceError", "StreamRaceWarning"]
 
 _PACKAGE_DIRS = tuple(os.path.dirname(p) + os.sep for p in (torch.__file__, __file__))
@@ -385,6 +385,7 @@ def disable() -> None:
 
 
 def is_enabled() -> bool:
+    """True while the detector is on."""
     return _active is not None
 
 

@@ -10,7 +10,7 @@ import torch
 
 import api_coverage
 
-SUBMODULES = ["memory", "streams", "random", "nvtx", "faults"]
+SUBMODULES = ["memory", "streams", "random", "nvtx", "faults", "race_detector"]
 
 
 def public_names(module):
