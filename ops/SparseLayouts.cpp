@@ -27,6 +27,7 @@
 #include <ATen/ops/_coalesced_native.h>
 #include <ATen/ops/_dimI_native.h>
 #include <ATen/ops/_dimV_native.h>
+#include <ATen/ops/_embedding_bag_backward_native.h>
 #include <ATen/ops/_indices_native.h>
 #include <ATen/ops/_nnz_native.h>
 #include <ATen/ops/_sparse_coo_tensor_with_dims_and_tensors_native.h>
@@ -52,8 +53,12 @@
 #include <ATen/ops/values_native.h>
 #include <ATen/ops/zero_native.h>
 #include <ATen/ops/zeros_native.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/SymIntArrayRef.h>
 #include <torch/library.h>
+
+#include <memory>
+#include <string>
 
 namespace phantom {
 namespace {
@@ -135,7 +140,13 @@ TORCH_LIBRARY_IMPL(aten, SparseCsrPrivateUse1, m) {
 }
 
 // Dense arguments, sparse results: the sparse generic path maps them.
+// _embedding_bag_backward's sparse=True result is sparse too: its kernel is
+// ATen's device-generic one, as on CUDA, which builds the gradient from
+// dense ops and _sparse_coo_tensor_unsafe (sparse=False calls
+// _embedding_bag_dense_backward, which takes the dense generic path).
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("_embedding_bag_backward",
+         TORCH_FN(at::native::_embedding_bag_backward_symint));
   for (const char* name :
        {"_to_sparse", "_to_sparse.sparse_dim", "_to_sparse_csr",
         "_to_sparse_csc", "_to_sparse_bsr", "_to_sparse_bsc"}) {
@@ -143,4 +154,50 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   }
 }
 
+namespace {
+
+// Every other op with a sparse kernel of the CPU's own goes to the sparse
+// generic path by a registration of its own, not by the fallback alone: a
+// composite kernel counts as a kernel for every backend's sparse keys and
+// would win over the fallback. Structured ops (addmm, mul, sum, ...) have
+// one for their functional and in-place forms, which allocates the result
+// on phantom and calls the out= form, so the CPU's own functional kernel
+// (which picks the result's layout) would never run. Registered once, at
+// load, after the registrations above (same file: static initialisers run
+// in order), for every aten op that has a SparseCPU (SparseCsrCPU) kernel
+// and no phantom one.
+class CpuSparseKernelRoutes {
+ public:
+  CpuSparseKernelRoutes() {
+    route(c10::DispatchKey::SparseCPU, c10::DispatchKey::SparsePrivateUse1);
+    route(c10::DispatchKey::SparseCsrCPU,
+          c10::DispatchKey::SparseCsrPrivateUse1);
+  }
+
+ private:
+  void route(c10::DispatchKey cpu, c10::DispatchKey phantom) {
+    auto library = std::make_unique<torch::Library>(
+        torch::Library::IMPL, "aten", phantom, __FILE__, __LINE__);
+    c10::Dispatcher& dispatcher = c10::Dispatcher::singleton();
+    for (const c10::OperatorName& name : dispatcher.getAllOpNames()) {
+      if (name.name.rfind("aten::", 0) != 0) continue;
+      const std::optional<c10::OperatorHandle> op = dispatcher.findOp(name);
+      if (!op || !op->hasKernelForDispatchKey(cpu) ||
+          op->hasKernelForDispatchKey(phantom)) {
+        continue;
+      }
+      std::string qualified = name.name.substr(6);
+      if (!name.overload_name.empty()) qualified += "." + name.overload_name;
+      library->impl(qualified.c_str(),
+                    torch::CppFunction::makeFromBoxedFunction<&sparseFallback>());
+    }
+    libraries_.push_back(std::move(library));
+  }
+
+  std::vector<std::unique_ptr<torch::Library>> libraries_;
+};
+
+const CpuSparseKernelRoutes cpu_sparse_kernel_routes;
+
+}  // namespace
 }  // namespace phantom
