@@ -55,6 +55,7 @@
 #include <ATen/ops/zeros_native.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/core/SymIntArrayRef.h>
+#include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
 #include <memory>
@@ -62,6 +63,39 @@
 
 namespace phantom {
 namespace {
+
+// As the code generator does for CUDA's registrations of these kernels: the
+// current device is the one of the first phantom tensor or device argument
+// while the kernel runs, so that what it makes (a sparse tensor's default
+// members, a clone) is made there.
+inline void guardDevice(c10::OptionalDeviceGuard& guard, const at::Tensor& t) {
+  if (!guard.current_device() && t.defined() &&
+      t.device().type() == c10::DeviceType::PrivateUse1) {
+    guard.reset_device(t.device());
+  }
+}
+inline void guardDevice(c10::OptionalDeviceGuard& guard,
+                        const std::optional<at::Device>& device) {
+  if (!guard.current_device() && device.has_value() &&
+      device->type() == c10::DeviceType::PrivateUse1) {
+    guard.reset_device(*device);
+  }
+}
+template <typename T>
+inline void guardDevice(c10::OptionalDeviceGuard&, const T&) {}
+
+template <auto kernel, typename Signature>
+struct Guarded;
+template <auto kernel, typename R, typename... Args>
+struct Guarded<kernel, R(Args...)> {
+  static R call(Args... args) {
+    c10::OptionalDeviceGuard guard;
+    (guardDevice(guard, args), ...);
+    return kernel(std::forward<Args>(args)...);
+  }
+};
+#define GUARDED(kernel) \
+  TORCH_FN((Guarded<&kernel, std::remove_pointer_t<decltype(&kernel)>>::call))
 
 at::Tensor emptySparseCompressed(c10::SymIntArrayRef size,
                                  std::optional<at::ScalarType> dtype,
@@ -90,53 +124,53 @@ at::Tensor& zerosSparseOut(c10::SymIntArrayRef size, at::Tensor& out) {
 // COO: ATen's device-generic kernels, as registered for SparseCUDA.
 TORCH_LIBRARY_IMPL(aten, SparsePrivateUse1, m) {
   m.impl("_sparse_coo_tensor_with_dims",
-         TORCH_FN(at::native::new_with_dims_sparse));
+         GUARDED(at::native::new_with_dims_sparse));
   m.impl("_sparse_coo_tensor_with_dims_and_tensors",
-         TORCH_FN(at::native::new_with_dims_and_tensor_sparse_symint));
-  m.impl("empty.memory_format", TORCH_FN(at::native::empty_sparse_symint));
-  m.impl("empty_like", TORCH_FN(at::native::empty_like_sparse_coo));
-  m.impl("_indices", TORCH_FN(at::native::_indices_sparse));
-  m.impl("_values", TORCH_FN(at::native::_values_sparse));
-  m.impl("indices", TORCH_FN(at::native::indices_sparse));
-  m.impl("values", TORCH_FN(at::native::values_sparse));
-  m.impl("_nnz", TORCH_FN(at::native::_nnz_sparse));
-  m.impl("sparse_dim", TORCH_FN(at::native::sparse_dim_sparse));
-  m.impl("_dimI", TORCH_FN(at::native::sparse_dim_sparse));
-  m.impl("dense_dim", TORCH_FN(at::native::dense_dim_sparse));
-  m.impl("_dimV", TORCH_FN(at::native::dense_dim_sparse));
-  m.impl("is_coalesced", TORCH_FN(at::native::is_coalesced_sparse));
-  m.impl("_coalesced_", TORCH_FN(at::native::_coalesced_sparse_));
-  m.impl("sparse_resize_", TORCH_FN(at::native::sparse_resize_));
+         GUARDED(at::native::new_with_dims_and_tensor_sparse_symint));
+  m.impl("empty.memory_format", GUARDED(at::native::empty_sparse_symint));
+  m.impl("empty_like", GUARDED(at::native::empty_like_sparse_coo));
+  m.impl("_indices", GUARDED(at::native::_indices_sparse));
+  m.impl("_values", GUARDED(at::native::_values_sparse));
+  m.impl("indices", GUARDED(at::native::indices_sparse));
+  m.impl("values", GUARDED(at::native::values_sparse));
+  m.impl("_nnz", GUARDED(at::native::_nnz_sparse));
+  m.impl("sparse_dim", GUARDED(at::native::sparse_dim_sparse));
+  m.impl("_dimI", GUARDED(at::native::sparse_dim_sparse));
+  m.impl("dense_dim", GUARDED(at::native::dense_dim_sparse));
+  m.impl("_dimV", GUARDED(at::native::dense_dim_sparse));
+  m.impl("is_coalesced", GUARDED(at::native::is_coalesced_sparse));
+  m.impl("_coalesced_", GUARDED(at::native::_coalesced_sparse_));
+  m.impl("sparse_resize_", GUARDED(at::native::sparse_resize_));
   m.impl("sparse_resize_and_clear_",
-         TORCH_FN(at::native::sparse_resize_and_clear_));
-  m.impl("resize_as_sparse_", TORCH_FN(at::native::resize_as_sparse_));
-  m.impl("zeros.out", TORCH_FN(zerosSparseOut));
-  m.impl("zero_", TORCH_FN(at::native::zero_sparse_));
-  m.impl("clone", TORCH_FN(at::native::clone_sparse));
-  m.impl("copy_", TORCH_FN(at::native::copy_sparse_wrapper_));
-  m.impl("copy_sparse_to_sparse_", TORCH_FN(at::native::copy_sparse_));
+         GUARDED(at::native::sparse_resize_and_clear_));
+  m.impl("resize_as_sparse_", GUARDED(at::native::resize_as_sparse_));
+  m.impl("zeros.out", GUARDED(zerosSparseOut));
+  m.impl("zero_", GUARDED(at::native::zero_sparse_));
+  m.impl("clone", GUARDED(at::native::clone_sparse));
+  m.impl("copy_", GUARDED(at::native::copy_sparse_wrapper_));
+  m.impl("copy_sparse_to_sparse_", GUARDED(at::native::copy_sparse_));
 }
 
 // Compressed layouts (CSR, CSC, BSR, BSC): as registered for SparseCsrCUDA.
 // (_sparse_compressed_tensor_unsafe, which makes one from its members, is
 // a composite of ATen's, the same on every device.)
 TORCH_LIBRARY_IMPL(aten, SparseCsrPrivateUse1, m) {
-  m.impl("empty.memory_format", TORCH_FN(emptySparseCompressed));
-  m.impl("empty_like", TORCH_FN(at::native::empty_like_sparse_csr));
-  m.impl("resize_", TORCH_FN(resizeSparseCompressed));
-  m.impl("crow_indices", TORCH_FN(at::native::crow_indices_sparse_csr));
-  m.impl("col_indices", TORCH_FN(at::native::col_indices_sparse_csr));
-  m.impl("ccol_indices", TORCH_FN(at::native::ccol_indices_sparse_csr));
-  m.impl("row_indices", TORCH_FN(at::native::row_indices_sparse_csr));
-  m.impl("values", TORCH_FN(at::native::values_sparse_csr));
-  m.impl("_nnz", TORCH_FN(at::native::_nnz_sparse_csr));
-  m.impl("sparse_dim", TORCH_FN(at::native::sparse_dim_sparse_csr));
-  m.impl("dense_dim", TORCH_FN(at::native::dense_dim_sparse_csr));
+  m.impl("empty.memory_format", GUARDED(emptySparseCompressed));
+  m.impl("empty_like", GUARDED(at::native::empty_like_sparse_csr));
+  m.impl("resize_", GUARDED(resizeSparseCompressed));
+  m.impl("crow_indices", GUARDED(at::native::crow_indices_sparse_csr));
+  m.impl("col_indices", GUARDED(at::native::col_indices_sparse_csr));
+  m.impl("ccol_indices", GUARDED(at::native::ccol_indices_sparse_csr));
+  m.impl("row_indices", GUARDED(at::native::row_indices_sparse_csr));
+  m.impl("values", GUARDED(at::native::values_sparse_csr));
+  m.impl("_nnz", GUARDED(at::native::_nnz_sparse_csr));
+  m.impl("sparse_dim", GUARDED(at::native::sparse_dim_sparse_csr));
+  m.impl("dense_dim", GUARDED(at::native::dense_dim_sparse_csr));
   m.impl("resize_as_sparse_",
-         TORCH_FN(at::native::resize_as_sparse_compressed_));
-  m.impl("zero_", TORCH_FN(at::native::zero_sparse_csr_));
-  m.impl("clone", TORCH_FN(at::native::clone_sparse_compressed));
-  m.impl("copy_", TORCH_FN(at::native::copy_sparse_compressed_));
+         GUARDED(at::native::resize_as_sparse_compressed_));
+  m.impl("zero_", GUARDED(at::native::zero_sparse_csr_));
+  m.impl("clone", GUARDED(at::native::clone_sparse_compressed));
+  m.impl("copy_", GUARDED(at::native::copy_sparse_compressed_));
 }
 
 // Dense arguments, sparse results: the sparse generic path maps them.
@@ -146,7 +180,7 @@ TORCH_LIBRARY_IMPL(aten, SparseCsrPrivateUse1, m) {
 // _embedding_bag_dense_backward, which takes the dense generic path).
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_embedding_bag_backward",
-         TORCH_FN(at::native::_embedding_bag_backward_symint));
+         GUARDED(at::native::_embedding_bag_backward_symint));
   for (const char* name :
        {"_to_sparse", "_to_sparse.sparse_dim", "_to_sparse_csr",
         "_to_sparse_csc", "_to_sparse_bsr", "_to_sparse_bsc"}) {
