@@ -45,7 +45,6 @@
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/native/SparseTensorUtils.h>
-#include <ATen/ops/_sparse_compressed_tensor_unsafe.h>
 #include <ATen/ops/_sparse_coo_tensor_with_dims_and_tensors.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
@@ -119,6 +118,25 @@ c10::Device findDevice(const c10::OperatorHandle& op,
   return *device;
 }
 
+// A compressed sparse tensor over the given members, made directly: with
+// torch.sparse.check_sparse_tensor_invariants on, ATen's constructors check
+// the members' values, which here (inside device work) are already the
+// CPU's or an argument's, and on phantom would wait for the device from
+// inside its own work. (_sparse_coo_tensor_with_dims_and_tensors, used for
+// COO, checks no values.)
+at::Tensor makeCompressed(const at::Tensor& compressed, const at::Tensor& plain,
+                          const at::Tensor& values, c10::IntArrayRef sizes,
+                          c10::Layout layout, c10::Device device) {
+  const c10::DispatchKey key = device.is_cpu()
+                                   ? c10::DispatchKey::SparseCsrCPU
+                                   : c10::DispatchKey::SparseCsrPrivateUse1;
+  at::Tensor result = at::detail::make_tensor<at::SparseCsrTensorImpl>(
+      c10::DispatchKeySet(key), device, layout, values.dtype());
+  at::sparse_csr::get_sparse_csr_impl(result)->set_member_tensors(
+      compressed, plain, values, sizes);
+  return result;
+}
+
 // Sparse phantom tensors as CPU sparse tensors over aliases of their
 // members, and results mapped back (see the file comment).
 class SparseAliases {
@@ -151,9 +169,8 @@ class SparseAliases {
       const at::Tensor compressed = alias(entry.members[0]);
       const at::Tensor plain = alias(entry.members[1]);
       const at::Tensor values = alias(entry.members[2]);
-      entry.cpu = at::_sparse_compressed_tensor_unsafe(
-          compressed, plain, values, t.sizes(),
-          values.options().layout(t.layout()));
+      entry.cpu = makeCompressed(compressed, plain, values, t.sizes(),
+                                 t.layout(), c10::Device(c10::kCPU));
     }
     for (const at::Tensor& m : cpuMembers(entry.cpu)) {
       entry.cpu_members.push_back(m.unsafeGetTensorImpl());
@@ -260,9 +277,8 @@ class SparseAliases {
           values, values.options().layout(c10::kSparse), cpu.is_coalesced());
     }
     const at::Tensor values = mapDense(members[2]);
-    return at::_sparse_compressed_tensor_unsafe(
-        mapDense(members[0]), mapDense(members[1]), values, cpu.sizes(),
-        values.options().layout(cpu.layout()));
+    return makeCompressed(mapDense(members[0]), mapDense(members[1]), values,
+                          cpu.sizes(), cpu.layout(), device_);
   }
 
   at::Tensor mapDense(const at::Tensor& cpu) {
@@ -344,24 +360,31 @@ void sparseFallback(const c10::OperatorHandle& op, c10::DispatchKeySet,
   std::vector<c10::Warning> warnings;
   launchAndWait(getCurrentPhantomStream(device.index()), schema.name().c_str(),
                 [&] {
-    WarningCapture capture;
+    // What the kernel warns is the call's; what making the aliases and the
+    // phantom results warns (the CSR constructor's "beta" warning) is not:
+    // the CPU makes neither.
     SparseAliases aliases(device);
     torch::jit::Stack kernel_stack;
     kernel_stack.reserve(num_args);
-    for (size_t i = 0; i < num_args; ++i) {
-      kernel_stack.push_back(aliases.argument(args[i], schema.arguments()[i]));
+    {
+      const WarningCapture ours;
+      for (size_t i = 0; i < num_args; ++i) {
+        kernel_stack.push_back(aliases.argument(args[i], schema.arguments()[i]));
+      }
     }
     c10::DispatchKeySet keys = cpuKeys(kernel_stack);
     if (layout_key) keys = keys.add(*layout_key);
     keys = keys & c10::after_ADInplaceOrView_keyset;
     if (keys.empty()) keys = c10::DispatchKeySet(c10::DispatchKey::CPU);
     {
+      WarningCapture capture;
       // As below autograd on the CPU: the kernel's own calls on the aliases
       // skip autograd whichever thread runs the work.
       const at::AutoDispatchBelowADInplaceOrView below_autograd;
       op.redispatchBoxed(keys, &kernel_stack);
+      warnings = capture.take();
     }
-    warnings = capture.take();
+    const WarningCapture ours;
     aliases.writeBack();
     results.reserve(kernel_stack.size());
     for (const c10::IValue& result : kernel_stack) {
