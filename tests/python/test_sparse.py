@@ -263,3 +263,20 @@ def test_sparse_tensors_on_the_second_device():
     out = torch.sparse.mm(p, torch.ones(3, 2, device="phantom:1"))
     assert out.device == torch.device("phantom:1")
     assert torch.equal(out.cpu(), torch.sparse.mm(cpu, torch.ones(3, 2)))
+
+
+def test_save_and_load_keep_a_sparse_tensor_on_phantom(tmp_path):
+    p = _coo().to(DEV)
+    torch.save(p, tmp_path / "sparse.pt")
+    loaded = torch.load(tmp_path / "sparse.pt")
+    _same(loaded, _coo())
+
+
+def test_sparse_ops_are_reported_as_waiting():
+    import torch_phantom
+
+    torch_phantom.reset_ops_report()
+    _coo().to(DEV).coalesce()
+    rows = {r["op"]: r for r in torch_phantom.ops_report()}
+    assert rows["aten::_coalesce"]["sync"] >= 1
+    assert "sparse layouts run synchronously" in rows["aten::_coalesce"]["sync_reason"]
