@@ -74,7 +74,7 @@ TEST_TIMEOUT = float(os.environ.get("PHANTOM_CONFORMANCE_TIMEOUT", "300"))
 
 # The test files whose tests are keyed (check, op/module/optimizer, dtype);
 # each has a TEST_KEYS {instantiated test name: key}.
-KEYED_MODULES = ("test_ops", "test_modules", "test_optimizers")
+KEYED_MODULES = ("test_ops", "test_modules", "test_optimizers", "test_sparse_ops")
 
 
 def _key(item):

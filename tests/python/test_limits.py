@@ -6,22 +6,6 @@ import pytest
 import torch
 
 
-def test_sparse_layouts_are_refused_and_dense_copies_work():
-    sparse = torch.eye(3).to_sparse()
-    with pytest.raises(NotImplementedError,
-                       match="'aten::_sparse_coo_tensor_with_dims_and_tensors' with "
-                             "arguments from the 'Sparsephantom' backend"):
-        sparse.to("phantom")
-    dense = torch.eye(3, device="phantom")
-    with pytest.raises(NotImplementedError,
-                       match="'aten::empty.memory_format' with arguments from the "
-                             "'Sparsephantom' backend"):
-        dense.to_sparse()
-    with pytest.raises(NotImplementedError, match="'SparseCsrphantom' backend"):
-        dense.to_sparse_csr()
-    assert torch.equal(sparse.to_dense().to("phantom").cpu(), torch.eye(3))
-
-
 def test_quantized_tensors_are_refused_and_dequantized_copies_work():
     q = torch.quantize_per_tensor(torch.tensor([0.5, 1.0]), 0.1, 0, torch.quint8)
     with pytest.raises(NotImplementedError,

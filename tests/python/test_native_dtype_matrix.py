@@ -67,6 +67,16 @@ class Case:
         self.other_route = other_route
 
 
+def _embedding_bag_grads(weight, indices):
+    grads = []
+    for sparse in (True, False):
+        w = weight.detach().requires_grad_()
+        out = F.embedding_bag(indices, w, mode="sum", sparse=sparse)
+        (g,) = torch.autograd.grad(out.sum(), w)
+        grads.append(g.to_dense() if sparse else g)
+    return grads
+
+
 # On any device but the CPU, ATen's LSTM and GRU cells multiply with
 # matmul and call the fused cell kernel (CUDA's route, which phantom's
 # FusedRnnCells.cpp implements with its own formula); the CPU calls linear.
@@ -351,6 +361,23 @@ CASES = {
     "scatter_-value_reduce": Case("aten::scatter_.value_reduce", 2, lambda d: (
         lambda a, i: a.scatter_(1, i, 2, reduce="multiply"),
         [T((3, 4), d[0]), T((2, 3), d[1])])),
+    # --- Dense arguments, sparse results (ops/SparseLayouts.cpp): the sparse
+    # generic path; results compared through to_dense().
+    "_to_sparse": Case("aten::_to_sparse", 1, unary(lambda a: a.to_sparse().to_dense())),
+    "_to_sparse-sparse_dim": Case("aten::_to_sparse.sparse_dim", 1,
+                                  unary(lambda a: a.to_sparse(1).to_dense())),
+    "_to_sparse_csr": Case("aten::_to_sparse_csr", 1,
+                           unary(lambda a: a.to_sparse_csr().to_dense())),
+    "_to_sparse_csc": Case("aten::_to_sparse_csc", 1,
+                           unary(lambda a: a.to_sparse_csc().to_dense())),
+    "_to_sparse_bsr": Case("aten::_to_sparse_bsr", 1,
+                           unary(lambda a: a.to_sparse_bsr((1, 2)).to_dense())),
+    "_to_sparse_bsc": Case("aten::_to_sparse_bsc", 1,
+                           unary(lambda a: a.to_sparse_bsc((1, 2)).to_dense())),
+    # ATen's device-generic kernel, as on CUDA: sparse=True builds a sparse
+    # gradient, sparse=False calls the dense backward.
+    "_embedding_bag_backward": Case("aten::_embedding_bag_backward", 2, lambda d: (
+        _embedding_bag_grads, [T((5, 3), d[0]), T((2, 2), d[1])])),
 }
 
 # Registrations with no dtype to vary, and why.
