@@ -1,0 +1,119 @@
+"""Graph capture and replay on phantom (``torch.phantom.Graph``,
+``torch.phantom.graph``), the counterpart of ``torch.cuda.graphs``.
+
+A graph records the device work queued on a stream once and replays it with
+one launch, which removes the host's per-op cost (docs/graphs.md). The
+class is ``torch.accelerator.Graph`` itself (phantom registers its
+implementation with torch), so code written against the device-generic API
+needs nothing from here; this module adds the ``torch.cuda``-style helpers.
+"""
+from __future__ import annotations
+
+import gc
+import threading
+from typing import Optional
+
+import torch
+
+from . import _C
+
+__all__ = [
+    "Graph",
+    "PhantomGraph",
+    "graph",
+    "graph_pool_handle",
+    "is_current_stream_capturing",
+]
+
+
+class Graph(torch.accelerator.Graph):
+    """A phantom graph: ``torch.accelerator.Graph`` on the phantom device.
+
+    ``capture_begin()``/``capture_end()`` record the work queued on the
+    current stream; ``replay()`` runs it again on the current stream.
+    Allocations made during the capture come from the graph's private pool
+    (``pool()``), kept until ``reset()``.
+    """
+
+
+PhantomGraph = Graph
+
+
+def graph_pool_handle() -> tuple:
+    """An id of a new memory pool, to share one pool between graphs
+    (``torch.phantom.graph(g, pool=handle)``)."""
+    return _C._graph_pool_handle()
+
+
+def is_current_stream_capturing() -> bool:
+    """True while the current phantom stream records a graph."""
+    return _C._is_current_stream_capturing()
+
+
+_side_streams: dict = {}
+_side_lock = threading.Lock()
+
+
+def _default_capture_stream() -> torch.Stream:
+    device = torch.phantom.current_device()
+    with _side_lock:
+        if device not in _side_streams:
+            _side_streams[device] = torch.phantom.Stream(device)
+        return _side_streams[device]
+
+
+class graph:
+    """Context manager capturing the work inside it into ``phantom_graph``,
+    as ``torch.cuda.graph`` does: on a side stream by default (``stream``),
+    into ``pool`` if given (from ``graph_pool_handle()`` or another graph's
+    ``pool()``), with ``capture_error_mode`` one of "global",
+    "thread_local", "relaxed" (hal.h, "Modes")."""
+
+    def __init__(
+        self,
+        phantom_graph: torch.accelerator.Graph,
+        pool: Optional[tuple] = None,
+        stream: Optional[torch.Stream] = None,
+        capture_error_mode: str = "global",
+    ) -> None:
+        if capture_error_mode not in ("default", "global", "thread_local", "relaxed"):
+            raise ValueError(
+                f"capture_error_mode={capture_error_mode!r} is not one of "
+                "'global', 'thread_local', 'relaxed'"
+            )
+        self.graph = phantom_graph
+        self.pool = pool
+        self.capture_stream = stream if stream is not None else _default_capture_stream()
+        self.capture_error_mode = capture_error_mode
+        self._stream_ctx = None
+
+    def __enter__(self) -> None:
+        torch.phantom.synchronize()
+        gc.collect()
+        torch.phantom.empty_cache()
+        self.capture_stream.wait_stream(torch.phantom.current_stream())
+        self._stream_ctx = torch.phantom.stream(self.capture_stream)
+        self._stream_ctx.__enter__()
+        self.graph.graph_pool = self.pool
+        self.graph.capture_error_mode = self.capture_error_mode
+        try:
+            self.graph.capture_begin()
+        except BaseException:
+            self._stream_ctx.__exit__(None, None, None)
+            raise
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            try:
+                self.graph.capture_end()
+            except Exception:
+                if exc_type is None:
+                    raise
+                # The error inside the block (an op that cannot be
+                # captured) is the one to report; the failed capture was
+                # discarded and the graph can capture again.
+        finally:
+            self._stream_ctx.__exit__(None, None, None)
+            # Later work on the current stream sees what the capture's
+            # stream did before it (nothing ran during the capture).
+            torch.phantom.current_stream().wait_stream(self.capture_stream)

@@ -1,0 +1,168 @@
+"""Graph capture and replay on phantom: torch.accelerator.Graph, the
+torch.phantom.graph context manager, private memory pools, and the errors
+of work that cannot be captured (docs/graphs.md)."""
+import os
+
+import pytest
+import torch
+
+import torch_phantom  # noqa: F401
+
+
+def _chain(x):
+    y = x * 2.0 + 1.0
+    y = torch.relu(y - 3.0)
+    return (y * y).sin() + x
+
+
+def test_accelerator_graph_replays_new_input_data_like_eager_cpu():
+    static_x = torch.zeros(64, device="phantom")
+    g = torch.accelerator.Graph()
+    with torch.phantom.graph(g):
+        static_y = _chain(static_x)
+    for seed in range(3):
+        data = torch.randn(64, generator=torch.Generator().manual_seed(seed))
+        static_x.copy_(data)
+        g.replay()
+        torch.testing.assert_close(static_y.cpu(), _chain(data), rtol=0, atol=0)
+
+
+def test_capture_records_instead_of_running_and_replays_many_times():
+    acc = torch.zeros(8, device="phantom")
+    g = torch.phantom.Graph()
+    with torch.phantom.graph(g):
+        acc.add_(1.0)
+        acc.mul_(1.0)
+    assert acc.cpu().sum().item() == 0.0  # nothing ran during the capture
+    for _ in range(200):
+        g.replay()
+    assert torch.equal(acc.cpu(), torch.full((8,), 200.0))
+
+
+def test_plain_accelerator_api_with_a_user_stream():
+    x = torch.ones(4, device="phantom")
+    stream = torch.Stream(device="phantom")
+    g = torch.accelerator.Graph()
+    with stream, g:
+        x += 1
+    g.replay()
+    g.replay()
+    assert torch.equal(x.cpu(), torch.full((4,), 3.0))
+
+
+def test_replay_on_another_stream_runs_in_that_streams_order():
+    x = torch.zeros(4, device="phantom")
+    g = torch.phantom.Graph()
+    with torch.phantom.graph(g):
+        x.add_(1.0)
+    other = torch.phantom.Stream()
+    with torch.phantom.stream(other):
+        x.mul_(10.0)
+        g.replay()
+        x.mul_(10.0)
+    other.synchronize()
+    assert torch.equal(x.cpu(), torch.full((4,), 10.0))
+
+
+def test_is_current_stream_capturing():
+    assert not torch.phantom.is_current_stream_capturing()
+    seen = []
+    g = torch.phantom.Graph()
+    with torch.phantom.graph(g):
+        seen.append(torch.phantom.is_current_stream_capturing())
+    assert seen == [True]
+    assert not torch.phantom.is_current_stream_capturing()
+
+
+@pytest.mark.parametrize(
+    "illegal",
+    [
+        pytest.param(lambda x: x.sum().item(), id="item"),
+        pytest.param(lambda x: x.cpu(), id="copy-to-pageable"),
+        pytest.param(lambda x: torch.phantom.synchronize(), id="synchronize"),
+        pytest.param(lambda x: torch.nonzero(x), id="data-dependent-shape"),
+    ],
+)
+def test_work_that_cannot_be_captured_raises_and_leaves_the_process_usable(illegal):
+    x = torch.ones(16, device="phantom")
+    g = torch.phantom.Graph()
+    with pytest.raises(RuntimeError, match="captur"):
+        with torch.phantom.graph(g):
+            y = x + 1
+            illegal(y)
+    assert not torch.phantom.is_current_stream_capturing()
+    # The device and the graph work again.
+    assert torch.equal((x * 3).cpu(), torch.full((16,), 3.0))
+    g.reset()
+    with torch.phantom.graph(g):
+        x.add_(1.0)
+    g.replay()
+    assert torch.equal(x.cpu(), torch.full((16,), 2.0))
+
+
+def test_capture_memory_is_kept_until_reset():
+    x = torch.ones(1 << 18, device="phantom")  # 1 MiB
+    z = torch.zeros(1 << 18, device="phantom")
+    torch.phantom.synchronize()
+    torch.phantom.empty_cache()
+    free_before = torch.phantom.mem_get_info()[0]
+    g = torch.phantom.Graph()
+    with torch.phantom.graph(g):
+        tmp = x * 2.0      # a temporary of the capture: 1 MiB
+        y = tmp + 1.0      # the static output: 1 MiB
+        del tmp
+    pool = g.pool()
+    assert torch.phantom.graphs._C._graph_pool_reserved_bytes(*pool) >= 2 << 20
+    assert torch.phantom.mem_get_info()[0] <= free_before - (2 << 20)
+    # The temporary's memory stays the graph's: a new tensor never gets it.
+    z = torch.zeros(1 << 18, device="phantom")
+    for _ in range(3):
+        g.replay()
+    assert torch.equal(y.cpu(), torch.full((1 << 18,), 3.0))
+    assert torch.equal(z.cpu(), torch.zeros(1 << 18))
+    g.reset()
+    del y, z
+    torch.phantom.synchronize()
+    torch.phantom.empty_cache()
+    assert torch.phantom.graphs._C._graph_pool_reserved_bytes(*pool) == 0
+    assert torch.phantom.mem_get_info()[0] >= free_before
+
+
+def test_graphs_share_a_pool_from_graph_pool_handle():
+    handle = torch.phantom.graph_pool_handle()
+    x = torch.ones(4, device="phantom")
+    g1, g2 = torch.phantom.Graph(), torch.phantom.Graph()
+    with torch.phantom.graph(g1, pool=handle):
+        a = x + 1
+    with torch.phantom.graph(g2, pool=g1.pool()):
+        b = a * 2
+    assert g1.pool() == g2.pool() == handle
+    g1.replay()
+    g2.replay()
+    assert torch.equal(b.cpu(), torch.full((4,), 4.0))
+
+
+def test_debug_dump_writes_the_graph(tmp_path):
+    x = torch.ones(4, device="phantom")
+    g = torch.phantom.Graph()
+    g.enable_debug_mode()
+    with torch.phantom.graph(g):
+        x.add_(1.0)
+        x.mul_(2.0)
+    path = os.path.join(tmp_path, "graph.dot")
+    g.debug_dump(path)
+    with open(path) as f:
+        text = f.read()
+    assert text.startswith("digraph") and "n1" in text
+
+
+def test_replay_before_capture_and_double_capture_are_refused():
+    g = torch.phantom.Graph()
+    with pytest.raises(RuntimeError, match="capture"):
+        g.replay()
+    x = torch.ones(2, device="phantom")
+    with torch.phantom.graph(g):
+        x.add_(1.0)
+    with pytest.raises(RuntimeError, match="reset"):
+        with torch.phantom.graph(g):
+            x.add_(1.0)
