@@ -69,6 +69,12 @@ class PhantomGraphImpl final : public at::GraphImplInterface {
       PHANTOM_CHECK(status);
     }
     capturing_ = true;
+    ph_capture_status_t capture_status = PH_CAPTURE_STATUS_NONE;
+    uint64_t capture_id = 0;
+    if (ph_stream_get_capture_info(handle_, &capture_status, &capture_id) ==
+        PH_SUCCESS) {
+      graphPoolBindCaptureId(stream.device_index(), stream.id(), capture_id);
+    }
   }
 
   void capture_end() override {

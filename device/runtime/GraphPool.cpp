@@ -1,9 +1,11 @@
 // The graphs' private memory pools; see phantom/Graph.h.
 #include <phantom/Exception.h>
 #include <phantom/Graph.h>
+#include <phantom/Stream.h>
 
 #include <atomic>
 #include <cstdio>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -32,6 +34,9 @@ std::mutex g_mutex;  // guards what follows
 std::map<c10::MempoolId_t, std::shared_ptr<GraphPool>> g_pools;
 std::map<std::pair<c10::DeviceIndex, c10::StreamId>, std::shared_ptr<GraphPool>>
     g_capturing;
+// The same pools by the driver's capture id, for streams that joined a
+// capture (fork/join): their allocations belong to the graph too.
+std::map<uint64_t, std::shared_ptr<GraphPool>> g_by_capture_id;
 std::atomic<int> g_capturing_count{0};
 std::atomic<c10::CaptureId_t> g_next_id{1};
 
@@ -68,7 +73,22 @@ c10::DataPtr graphPoolAllocate(size_t nbytes, c10::DeviceIndex device,
   {
     std::lock_guard<std::mutex> lock(g_mutex);
     auto it = g_capturing.find({device, stream});
-    if (it == g_capturing.end()) return {};
+    if (it != g_capturing.end()) pool = it->second;
+  }
+  if (!pool) {
+    // A stream that joined a capture by waiting on one of its events.
+    const ph_stream_t handle = PhantomStream(c10::Stream(
+        c10::Stream::UNSAFE, c10::Device(c10::DeviceType::PrivateUse1, device),
+        stream)).handle();
+    ph_capture_status_t status = PH_CAPTURE_STATUS_NONE;
+    uint64_t capture_id = 0;
+    if (ph_stream_get_capture_info(handle, &status, &capture_id) != PH_SUCCESS ||
+        status == PH_CAPTURE_STATUS_NONE) {
+      return {};
+    }
+    std::lock_guard<std::mutex> lock(g_mutex);
+    auto it = g_by_capture_id.find(capture_id);
+    if (it == g_by_capture_id.end()) return {};
     pool = it->second;
   }
   const size_t size = (nbytes + 511) / 512 * 512;
@@ -103,8 +123,22 @@ void graphPoolBeginCapture(c10::MempoolId_t id, c10::DeviceIndex device,
   }
 }
 
+void graphPoolBindCaptureId(c10::DeviceIndex device, c10::StreamId stream,
+                            uint64_t capture_id) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  auto it = g_capturing.find({device, stream});
+  if (it != g_capturing.end()) g_by_capture_id[capture_id] = it->second;
+}
+
 void graphPoolEndCapture(c10::DeviceIndex device, c10::StreamId stream) {
   std::lock_guard<std::mutex> lock(g_mutex);
+  auto it = g_capturing.find({device, stream});
+  if (it != g_capturing.end()) {
+    for (auto bound = g_by_capture_id.begin(); bound != g_by_capture_id.end();) {
+      bound = bound->second == it->second ? g_by_capture_id.erase(bound)
+                                          : std::next(bound);
+    }
+  }
   if (g_capturing.erase({device, stream}) != 0) {
     g_capturing_count.fetch_sub(1, std::memory_order_relaxed);
   }

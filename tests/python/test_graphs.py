@@ -166,3 +166,21 @@ def test_replay_before_capture_and_double_capture_are_refused():
     with pytest.raises(RuntimeError, match="reset"):
         with torch.phantom.graph(g):
             x.add_(1.0)
+
+
+def test_fork_and_join_across_streams_is_captured_into_one_graph():
+    x = torch.ones(8, device="phantom")
+    side = torch.phantom.Stream()
+    g = torch.phantom.Graph()
+    with torch.phantom.graph(g):
+        a = x * 2.0
+        side.wait_stream(torch.phantom.current_stream())  # fork
+        with torch.phantom.stream(side):
+            b = x + 10.0  # allocated from the graph's pool too
+        torch.phantom.current_stream().wait_stream(side)  # join
+        c = a + b
+    # a, b (on the side stream) and c: all three in the graph's pool.
+    assert torch.phantom.graphs._C._graph_pool_reserved_bytes(*g.pool()) >= 3 * 512
+    x.fill_(3.0)
+    g.replay()
+    assert torch.equal(c.cpu(), torch.full((8,), 19.0))

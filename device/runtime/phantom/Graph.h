@@ -33,6 +33,10 @@ c10::DataPtr graphPoolAllocate(size_t nbytes, c10::DeviceIndex device,
 c10::MempoolId_t newGraphPoolId(bool user_created);
 void graphPoolBeginCapture(c10::MempoolId_t pool, c10::DeviceIndex device,
                            c10::StreamId stream);
+// Streams that join the capture `capture_id` (the driver's) allocate from
+// the pool of the capture begun on (device, stream) too.
+void graphPoolBindCaptureId(c10::DeviceIndex device, c10::StreamId stream,
+                            uint64_t capture_id);
 void graphPoolEndCapture(c10::DeviceIndex device, c10::StreamId stream);
 // One graph stopped using the pool; the last one releases its free memory.
 void graphPoolRelease(c10::MempoolId_t pool);
