@@ -184,3 +184,71 @@ def test_fork_and_join_across_streams_is_captured_into_one_graph():
     x.fill_(3.0)
     g.replay()
     assert torch.equal(c.cpu(), torch.full((8,), 19.0))
+
+
+def test_random_ops_draw_fresh_numbers_like_eager_iterations():
+    x = torch.ones(1000, device="phantom")
+    torch.manual_seed(5)
+    eager = [torch.rand_like(x).cpu() for _ in range(3)]
+    torch.manual_seed(5)
+    g = torch.phantom.Graph()
+    with torch.phantom.graph(g):
+        y = torch.rand_like(x)
+    replayed = []
+    for _ in range(3):
+        g.replay()
+        replayed.append(y.cpu())
+    for a, b in zip(eager, replayed):
+        assert torch.equal(a, b)
+
+
+def _mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)
+    ).to("phantom")
+
+
+def test_captured_training_step_matches_eager_bit_for_bit():
+    data = [(torch.randn(8, 16), torch.randn(8, 4)) for _ in range(4)]
+    eager, graphed = _mlp(), _mlp()
+    opt_e = torch.optim.SGD(eager.parameters(), lr=0.1, momentum=0.9)
+    opt_g = torch.optim.SGD(graphed.parameters(), lr=0.1, momentum=0.9)
+
+    def step(model, opt, x, y):
+        opt.zero_grad(set_to_none=True)
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+
+    # One eager warm-up step each (the optimizer creates its state).
+    x0, y0 = data[0][0].to("phantom"), data[0][1].to("phantom")
+    step(eager, opt_e, x0, y0)
+    step(graphed, opt_g, x0, y0)
+    static_x = torch.zeros(8, 16, device="phantom")
+    static_y = torch.zeros(8, 4, device="phantom")
+    g = torch.phantom.Graph()
+    opt_g.zero_grad(set_to_none=True)
+    with torch.phantom.graph(g):
+        torch.nn.functional.mse_loss(graphed(static_x), static_y).backward()
+        opt_g.step()
+    for x, y in data[1:]:
+        step(eager, opt_e, x.to("phantom"), y.to("phantom"))
+        static_x.copy_(x)
+        static_y.copy_(y)
+        g.replay()
+    for pe, pg in zip(eager.parameters(), graphed.parameters()):
+        assert torch.equal(pe.cpu(), pg.cpu())
+
+
+def test_many_replays_leave_memory_allocated_unchanged():
+    x = torch.ones(256, device="phantom")
+    g = torch.phantom.Graph()
+    with torch.phantom.graph(g):
+        y = (x * 2.0).relu() + 1.0
+    torch.phantom.synchronize()
+    before = torch.phantom.memory_allocated()
+    for _ in range(1000):
+        g.replay()
+    torch.phantom.synchronize()
+    assert torch.phantom.memory_allocated() == before
+    assert torch.equal(y.cpu(), torch.full((256,), 3.0))
