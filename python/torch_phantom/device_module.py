@@ -91,6 +91,7 @@ from .graphs import (
     graph,
     graph_pool_handle,
     is_current_stream_capturing,
+    make_graphed_callables,
 )
 from .streams import (
     Event,
@@ -118,7 +119,7 @@ __all__ = [
     "get_stream_from_external",
     # Graphs
     "Graph", "PhantomGraph", "graph", "graph_pool_handle",
-    "is_current_stream_capturing",
+    "is_current_stream_capturing", "make_graphed_callables",
     # Random numbers
     "default_generators", "get_rng_state", "get_rng_state_all",
     "set_rng_state", "set_rng_state_all", "manual_seed", "manual_seed_all",

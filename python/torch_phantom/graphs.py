@@ -23,6 +23,7 @@ __all__ = [
     "graph",
     "graph_pool_handle",
     "is_current_stream_capturing",
+    "make_graphed_callables",
 ]
 
 
@@ -117,3 +118,65 @@ class graph:
             # Later work on the current stream sees what the capture's
             # stream did before it (nothing ran during the capture).
             torch.phantom.current_stream().wait_stream(self.capture_stream)
+
+
+class _PhantomAsCuda:
+    """What torch.cuda.make_graphed_callables uses of ``torch.cuda``,
+    answered by phantom."""
+
+    CUDAGraph = Graph
+    graph = graph
+
+    @staticmethod
+    def Stream(*args, **kwargs):  # noqa: N802 (torch.cuda's name)
+        return torch.phantom.Stream(*args, **kwargs)
+
+    @staticmethod
+    def stream(s):
+        return torch.phantom.stream(s)
+
+    @staticmethod
+    def synchronize(device=None):
+        torch.phantom.synchronize(device)
+
+    @staticmethod
+    def graph_pool_handle():
+        return graph_pool_handle()
+
+
+class _TorchWithPhantomAsCuda:
+    cuda = _PhantomAsCuda()
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+
+_graphed_impl = None
+
+
+def make_graphed_callables(callables, sample_args, num_warmup_iters=3,
+                           allow_unused_input=False, pool=None):
+    """``torch.cuda.make_graphed_callables`` on phantom: graphs of the
+    forward and backward passes of each callable (a function or a module),
+    replayed by the returned callables. Same arguments and rules as torch's
+    (sample_args give the static inputs' shapes; modules must have no
+    hooks; autocast only with caching off)."""
+    global _graphed_impl
+    if _graphed_impl is None:
+        import types
+
+        from torch.cuda import graphs as cuda_graphs
+
+        original = cuda_graphs.make_graphed_callables
+        namespace = dict(original.__globals__)
+        # The same algorithm, with torch.cuda's graph, stream and pool
+        # calls answered by phantom (nested functions inherit these
+        # globals).
+        namespace["torch"] = _TorchWithPhantomAsCuda()
+        namespace["graph_pool_handle"] = graph_pool_handle
+        _graphed_impl = types.FunctionType(
+            original.__code__, namespace, original.__name__,
+            original.__defaults__, original.__closure__)
+        _graphed_impl.__kwdefaults__ = original.__kwdefaults__
+    return _graphed_impl(callables, sample_args, num_warmup_iters,
+                         allow_unused_input, pool)

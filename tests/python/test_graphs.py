@@ -252,3 +252,31 @@ def test_many_replays_leave_memory_allocated_unchanged():
     torch.phantom.synchronize()
     assert torch.phantom.memory_allocated() == before
     assert torch.equal(y.cpu(), torch.full((256,), 3.0))
+
+
+def test_make_graphed_callables_matches_eager_forward_and_backward():
+    torch.manual_seed(0)
+    eager = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(),
+                                torch.nn.Linear(16, 2)).to("phantom")
+    graphed = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(),
+                                  torch.nn.Linear(16, 2)).to("phantom")
+    graphed.load_state_dict(eager.state_dict())
+
+    def scale(t):
+        return t * 3.0 + 1.0
+
+    sample = torch.randn(4, 8, device="phantom", requires_grad=True)
+    graphed_module, graphed_fn = torch.phantom.make_graphed_callables(
+        (graphed, scale), ((sample,), (torch.randn(4, 2, device="phantom",
+                                                    requires_grad=True),)))
+    for seed in range(3):
+        x = torch.randn(4, 8, generator=torch.Generator().manual_seed(seed))
+        xe = x.to("phantom").requires_grad_()
+        xg = x.to("phantom").requires_grad_()
+        eager.zero_grad(set_to_none=True)
+        graphed.zero_grad(set_to_none=True)
+        scale(eager(xe)).sum().backward()
+        graphed_fn(graphed_module(xg)).sum().backward()
+        assert torch.equal(xe.grad.cpu(), xg.grad.cpu())
+        for pe, pg in zip(eager.parameters(), graphed.parameters()):
+            assert torch.equal(pe.grad.cpu(), pg.grad.cpu())
