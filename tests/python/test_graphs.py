@@ -280,3 +280,44 @@ def test_make_graphed_callables_matches_eager_forward_and_backward():
         assert torch.equal(xe.grad.cpu(), xg.grad.cpu())
         for pe, pg in zip(eager.parameters(), graphed.parameters()):
             assert torch.equal(pe.grad.cpu(), pg.grad.cpu())
+
+
+def test_a_failed_capture_leaves_nothing_allocated():
+    x = torch.ones(1 << 16, device="phantom")
+    torch.phantom.synchronize()
+    torch.phantom.empty_cache()
+    free_before = torch.phantom.mem_get_info()[0]
+    allocated_before = torch.phantom.memory_allocated()
+    g = torch.phantom.Graph()
+
+    def capture():
+        with torch.phantom.graph(g):
+            y = x * 2.0  # pool memory of a capture that will fail
+            y.sum().item()
+
+    with pytest.raises(RuntimeError, match="captur"):
+        capture()
+    torch.phantom.synchronize()
+    torch.phantom.empty_cache()
+    assert torch.phantom.memory_allocated() <= allocated_before
+    assert torch.phantom.mem_get_info()[0] >= free_before
+
+
+def test_transformer_encoder_inference_replays_bit_for_bit():
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(32, 4, dim_feedforward=64,
+                                             dropout=0.0, batch_first=True)
+    model = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+    model = model.to("phantom").eval()
+    static_x = torch.zeros(2, 5, 32, device="phantom")
+    with torch.no_grad():
+        model(static_x)  # warm-up
+        g = torch.phantom.Graph()
+        with torch.phantom.graph(g):
+            static_out = model(static_x)
+        for seed in range(3):
+            x = torch.randn(2, 5, 32, generator=torch.Generator().manual_seed(seed))
+            static_x.copy_(x)
+            g.replay()
+            expected = model(x.to("phantom"))
+            assert torch.equal(static_out.cpu(), expected.cpu())
