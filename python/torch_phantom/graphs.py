@@ -180,3 +180,88 @@ def make_graphed_callables(callables, sample_args, num_warmup_iters=3,
         _graphed_impl.__kwdefaults__ = original.__kwdefaults__
     return _graphed_impl(callables, sample_args, num_warmup_iters,
                          allow_unused_input, pool)
+
+
+def _signature(leaves):
+    """What decides whether a call can replay a graph: each tensor's shape,
+    dtype, device and strides, and every other argument's value."""
+    key = []
+    for leaf in leaves:
+        if isinstance(leaf, torch.Tensor):
+            key.append(("tensor", tuple(leaf.shape), leaf.dtype, str(leaf.device),
+                        leaf.stride()))
+        else:
+            key.append(("value", type(leaf), leaf))
+    return tuple(key)
+
+
+class _GraphedInference(torch.nn.Module):
+    """See wrap_in_graph."""
+
+    def __init__(self, module: torch.nn.Module) -> None:
+        super().__init__()
+        self.module = module
+        self._graphs: dict = {}
+        self._eager: set = set()
+        self._warned = False
+
+    def forward(self, *args, **kwargs):
+        import torch.utils._pytree as pytree
+
+        leaves, spec = pytree.tree_flatten((args, kwargs))
+        try:
+            key = (spec, _signature(leaves))
+            hash(key)
+        except TypeError:
+            return self.module(*args, **kwargs)  # unhashable arguments
+        if key in self._eager:
+            return self.module(*args, **kwargs)
+        entry = self._graphs.get(key)
+        if entry is None:
+            try:
+                entry = self._capture(leaves, spec)
+            except RuntimeError as error:
+                self._eager.add(key)
+                if not self._warned:
+                    self._warned = True
+                    import warnings
+
+                    warnings.warn(
+                        "torch_phantom.wrap_in_graph: this call cannot be "
+                        f"captured, so it runs eagerly ({error})".split("\n")[0],
+                        stacklevel=2,
+                    )
+                return self.module(*args, **kwargs)
+            self._graphs[key] = entry
+        static_leaves, g, output = entry
+        for static, leaf in zip(static_leaves, leaves):
+            if isinstance(leaf, torch.Tensor):
+                static.copy_(leaf)
+        g.replay()
+        return output
+
+    def _capture(self, leaves, spec):
+        import torch.utils._pytree as pytree
+
+        static_leaves = [
+            leaf.detach().clone() if isinstance(leaf, torch.Tensor) else leaf
+            for leaf in leaves
+        ]
+        args, kwargs = pytree.tree_unflatten(static_leaves, spec)
+        with torch.no_grad():
+            self.module(*args, **kwargs)  # warm-up: lazy initialisation
+            g = Graph()
+            with graph(g):
+                output = self.module(*args, **kwargs)
+        return static_leaves, g, output
+
+
+def wrap_in_graph(module: torch.nn.Module) -> torch.nn.Module:
+    """Wraps an inference module as HPU graphs do: the first call with a
+    given input signature (tensor shapes, dtypes, devices, strides and the
+    values of non-tensor arguments) captures a graph, later calls with that
+    signature copy their tensors into the graph's static inputs and replay
+    it. The returned output is the graph's static output, overwritten by
+    the next call with the same signature (clone it to keep it). Calls that
+    cannot be captured warn once and run eagerly. Runs without autograd."""
+    return _GraphedInference(module)

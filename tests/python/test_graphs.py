@@ -321,3 +321,29 @@ def test_transformer_encoder_inference_replays_bit_for_bit():
             g.replay()
             expected = model(x.to("phantom"))
             assert torch.equal(static_out.cpu(), expected.cpu())
+
+
+def test_wrap_in_graph_captures_per_signature_and_falls_back_with_one_warning():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).to("phantom")
+    wrapped = torch_phantom.wrap_in_graph(model)
+    for batch in (2, 3, 2, 3):
+        x = torch.randn(batch, 8, device="phantom")
+        with torch.no_grad():
+            assert torch.equal(wrapped(x).cpu(), model(x).cpu())
+    assert len(wrapped._graphs) == 2  # one graph per input shape
+
+    class Reads(torch.nn.Module):
+        def forward(self, x):
+            return x * float(x.sum().item())  # needs the host: not capturable
+
+    reads = torch_phantom.wrap_in_graph(Reads())
+    x = torch.ones(4, device="phantom")
+    with pytest.warns(UserWarning, match="runs eagerly"):
+        out = reads(x)
+    assert torch.equal(out.cpu(), torch.full((4,), 4.0))
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert torch.equal(reads(x).cpu(), torch.full((4,), 4.0))
