@@ -15,7 +15,9 @@ table.
 Cases:
 - chain: 200 elementwise ops (alternating add and mul by scalars) on
   1,000 floats;
-- mlp: a 2-layer MLP of width 256 at batch 1 (forward only).
+- mlp: a 2-layer MLP of width 256 at batch 1 (forward only);
+- decoder: a Transformer decoder layer (width 256, 4 heads) at batch 1, one
+  decode step (one new token against 16 positions of memory).
 
     python bench/bench_graphs.py            # ~30 s
     python bench/bench_graphs.py --quick    # a few rounds, smoke test
@@ -44,12 +46,31 @@ def make_mlp(device):
     return model.to(device).eval()
 
 
+def make_decoder(device):
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerDecoderLayer(
+        256, 4, dim_feedforward=1024, dropout=0.0, batch_first=True)
+    return layer.to(device).eval()
+
+
 def arms_for(case):
     if case == "chain":
         cpu_x = torch.randn(1000)
         ph_x = cpu_x.to("phantom")
         cpu_fn = lambda: chain(cpu_x)  # noqa: E731
         ph_fn = lambda: chain(ph_x)  # noqa: E731
+    elif case == "decoder":
+        cpu_model, ph_model = make_decoder("cpu"), make_decoder("phantom")
+        cpu_t, cpu_m = torch.randn(1, 1, 256), torch.randn(1, 16, 256)
+        ph_t, ph_m = cpu_t.to("phantom"), cpu_m.to("phantom")
+
+        def cpu_fn():
+            with torch.no_grad():
+                return cpu_model(cpu_t, cpu_m)
+
+        def ph_fn():
+            with torch.no_grad():
+                return ph_model(ph_t, ph_m)
     else:
         cpu_model, ph_model = make_mlp("cpu"), make_mlp("phantom")
         cpu_x = torch.randn(1, 256)
@@ -113,7 +134,7 @@ def main():
     args = parser.parse_args()
     rounds, inner = (3, 5) if args.quick else (15, 30)
     torch.set_num_threads(1)
-    for case in ("chain", "mlp"):
+    for case in ("chain", "mlp", "decoder"):
         result = run_case(case, rounds, inner)
         per = result["per call (us)"]
         print(f"{case}: per call cpu {per['cpu']:.0f} us, phantom eager "
