@@ -58,6 +58,16 @@ constexpr ph_driver_table_t kTable = {
     &ph_ipc_close_mem_handle,
     &ph_ipc_get_event_handle,
     &ph_ipc_open_event_handle,
+    // ABI 1004
+    &ph_stream_begin_capture,
+    &ph_stream_end_capture,
+    &ph_stream_get_capture_info,
+    &ph_graph_get_node_count,
+    &ph_graph_instantiate,
+    &ph_graph_launch,
+    &ph_graph_exec_destroy,
+    &ph_graph_destroy,
+    &ph_graph_debug_dump,
 };
 
 }  // namespace

@@ -37,6 +37,8 @@
 
 namespace phantom::fake {
 
+struct CaptureMark;  // graph.h
+
 struct EventRecord {
   std::mutex mutex;  // guards the fields below
   std::condition_variable reached_changed;
@@ -72,6 +74,11 @@ struct Event {
   // handle): its records live in shared memory instead (ipc.h), and
   // `latest` is unused.
   std::shared_ptr<SharedEvent> shared;
+  // Set when the latest record was made during a graph capture (graph.h):
+  // the point lies inside a graph. `captured` mirrors it for a lock-free
+  // check; both are written under `mutex`.
+  std::shared_ptr<CaptureMark> capture_mark;
+  std::atomic<bool> captured{false};
 
   std::shared_ptr<EventRecord> Latest();
 };

@@ -27,6 +27,7 @@
 #include "errors.h"
 #include "event.h"
 #include "fault_handler.h"
+#include "graph.h"
 #include "host_memory.h"
 #include "ipc.h"
 #include "phantom/hal.h"
@@ -116,8 +117,18 @@ ph_status_t QueueCopy(Stream& stream, TaskKind kind, const char* name,
     return PH_SUCCESS;
   };
   if (!blocking) {
+    if (CaptureActive()) {  // recorded into the stream's graph instead
+      bool recorded = false;
+      const ph_status_t status = RecordIfCapturing(stream, task, &recorded);
+      if (recorded) return status;
+    }
     uint64_t generation = 0;
     return stream.Enqueue(std::move(task), true, &generation);
+  }
+  if (CaptureActive()) {
+    const ph_status_t refused = RefuseOnCapturingStream(
+        stream, "ph_memcpy_async with pageable host memory (a blocking copy)");
+    if (refused != PH_SUCCESS) return refused;
   }
   const ph_status_t status = stream.RunNow(std::move(task));
   if (*ran) return PH_SUCCESS;  // the worker's write happens-before its count
@@ -182,6 +193,12 @@ const char* ph_status_name(ph_status_t status) {
     case PH_ERROR_UNIMPLEMENTED: return "PH_ERROR_UNIMPLEMENTED";
     case PH_ERROR_NOT_INITIALIZED: return "PH_ERROR_NOT_INITIALIZED";
     case PH_STATUS_MAX_ENUM: break;
+  }
+  if (status == static_cast<ph_status_t>(PH_ERROR_STREAM_CAPTURE_UNSUPPORTED)) {
+    return "PH_ERROR_STREAM_CAPTURE_UNSUPPORTED";
+  }
+  if (status == static_cast<ph_status_t>(PH_ERROR_CAPTURE_INVALIDATED)) {
+    return "PH_ERROR_CAPTURE_INVALIDATED";
   }
   return "PH_STATUS_UNKNOWN";
 }
@@ -322,6 +339,11 @@ ph_status_t ph_device_synchronize(int device) {
       return WaitsForItself("ph_device_synchronize",
                             "a stream of the same device");
     }
+    if (CaptureActive()) {
+      const ph_status_t refused =
+          RefuseUnsafeCall("ph_device_synchronize", device);
+      if (refused != PH_SUCCESS) return refused;
+    }
     ph_status_t first_error = PH_SUCCESS;
     std::string first_message;
     for (const auto& stream : LiveStreams()) {
@@ -378,6 +400,10 @@ ph_status_t ph_free(void* ptr) {
                     "with ph_host_free or free)",
                     ptr);
       return Fail(PH_ERROR_INVALID_HANDLE, text);
+    }
+    if (CaptureActive()) {
+      const ph_status_t refused = RefuseUnsafeCall("ph_free", device);
+      if (refused != PH_SUCCESS) return refused;
     }
     return GetDeviceMemory(device).Free(reinterpret_cast<uintptr_t>(ptr));
   });
@@ -484,10 +510,15 @@ ph_status_t ph_stream_destroy(ph_stream_t handle) {
     if (CurrentStream() == stream.get()) {
       return WaitsForItself("ph_stream_destroy", "that stream");
     }
+    ph_status_t capturing = PH_SUCCESS;
+    if (CaptureActive()) {
+      capturing = RefuseOnCapturingStream(*stream, "ph_stream_destroy");
+      ForgetStream(*stream);
+    }
     stream = UnregisterStream(handle);
     if (!stream) return InvalidStream("ph_stream_destroy", handle);
     stream->Shutdown();
-    return PH_SUCCESS;
+    return capturing;
   });
 }
 
@@ -496,6 +527,11 @@ ph_status_t ph_stream_query(ph_stream_t handle) {
     std::shared_ptr<Stream> stream;
     const ph_status_t found = GetStream("ph_stream_query", handle, &stream);
     if (found != PH_SUCCESS) return found;
+    if (CaptureActive()) {
+      const ph_status_t refused =
+          RefuseOnCapturingStream(*stream, "ph_stream_query");
+      if (refused != PH_SUCCESS) return refused;
+    }
     return stream->Query();
   });
 }
@@ -508,6 +544,11 @@ ph_status_t ph_stream_synchronize(ph_stream_t handle) {
     if (found != PH_SUCCESS) return found;
     if (CurrentStream() == stream.get()) {
       return WaitsForItself("ph_stream_synchronize", "that stream");
+    }
+    if (CaptureActive()) {
+      const ph_status_t refused =
+          RefuseOnCapturingStream(*stream, "ph_stream_synchronize");
+      if (refused != PH_SUCCESS) return refused;
     }
     return stream->Synchronize();
   });
@@ -552,6 +593,11 @@ ph_status_t ph_stream_wait_event(ph_stream_t stream_handle,
     std::shared_ptr<Event> event;
     status = GetEvent("ph_stream_wait_event", event_handle, &event);
     if (status != PH_SUCCESS) return status;
+    if (CaptureActive() || event->captured.load(std::memory_order_acquire)) {
+      bool handled = false;
+      status = WaitEventIfCapturing(*stream, event, &handled);
+      if (handled) return status;
+    }
     if (event->shared) return event->shared->QueueWait(event->shared, *stream);
     std::shared_ptr<EventRecord> record = event->Latest();
     if (!record) return PH_SUCCESS;  // never recorded: no wait
@@ -577,6 +623,12 @@ ph_status_t ph_launch_host_func(ph_stream_t handle,
   return Guarded("ph_launch_host_func", [&] {
     return SubmitHostTask("ph_launch_host_func", handle, host_task,
                           [](Stream& stream, Task task) {
+                            if (CaptureActive()) {  // recorded instead
+                              bool recorded = false;
+                              const ph_status_t status =
+                                  RecordIfCapturing(stream, task, &recorded);
+                              if (recorded) return status;
+                            }
                             uint64_t generation = 0;
                             return stream.Enqueue(std::move(task), true,
                                                   &generation);
@@ -595,6 +647,14 @@ ph_status_t ph_run_host_func(ph_stream_t handle,
                         "ph_run_host_func: called from work running on the "
                         "same stream, which would wait for itself");
           }
+          if (CaptureActive()) {
+            const ph_status_t refused = RefuseOnCapturingStream(
+                stream, "ph_run_host_func (work the caller waits for)");
+            if (refused != PH_SUCCESS) {
+              task.Release();
+              return refused;
+            }
+          }
           return stream.RunNow(std::move(task));
         });
   });
@@ -608,6 +668,10 @@ ph_status_t ph_memcpy(void* dst, const void* src, size_t size,
     const ph_status_t started = CheckStarted();
     if (started != PH_SUCCESS) return started;
     if (size == 0) return PH_SUCCESS;
+    if (CaptureActive()) {
+      const ph_status_t refused = RefuseUnsafeCall("ph_memcpy", -1);
+      if (refused != PH_SUCCESS) return refused;
+    }
     CopyPlan plan;
     const ph_status_t planned = PlanCopy("ph_memcpy", dst, src, size, kind, &plan);
     if (planned != PH_SUCCESS) return planned;
@@ -720,6 +784,11 @@ ph_status_t ph_event_record(ph_event_t event_handle,
     std::shared_ptr<Stream> stream;
     status = GetStream("ph_event_record", stream_handle, &stream);
     if (status != PH_SUCCESS) return status;
+    if (CaptureActive() || event->captured.load(std::memory_order_acquire)) {
+      bool recorded = false;
+      status = RecordEventIfCapturing(*stream, *event, &recorded);
+      if (recorded) return status;
+    }
     if (event->shared) return event->shared->Record(event->shared, stream);
     auto record = std::make_shared<EventRecord>();
     record->stream_identity = stream.get();
@@ -755,6 +824,8 @@ ph_status_t ph_event_query(ph_event_t handle) {
     std::shared_ptr<Event> event;
     const ph_status_t found = GetEvent("ph_event_query", handle, &event);
     if (found != PH_SUCCESS) return found;
+    const ph_status_t captured = RefuseCapturedEvent(*event, "ph_event_query");
+    if (captured != PH_SUCCESS) return captured;
     if (event->shared) return event->shared->Query();
     std::shared_ptr<EventRecord> record = event->Latest();
     if (!record) return PH_SUCCESS;
@@ -771,6 +842,9 @@ ph_status_t ph_event_synchronize(ph_event_t handle) {
     std::shared_ptr<Event> event;
     const ph_status_t found = GetEvent("ph_event_synchronize", handle, &event);
     if (found != PH_SUCCESS) return found;
+    const ph_status_t captured =
+        RefuseCapturedEvent(*event, "ph_event_synchronize");
+    if (captured != PH_SUCCESS) return captured;
     if (event->shared) return event->shared->Synchronize();
     std::shared_ptr<EventRecord> record = event->Latest();
     if (!record) return PH_SUCCESS;

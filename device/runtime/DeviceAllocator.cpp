@@ -8,6 +8,7 @@
 #include <phantom/Exception.h>
 #include <phantom/GpuTrace.h>
 #include <phantom/FaultInjection.h>
+#include <phantom/Graph.h>
 #include <phantom/Ipc.h>
 #include <phantom/KernelHostMemory.h>
 #include <phantom/Launch.h>
@@ -876,6 +877,10 @@ c10::DataPtr PhantomDeviceAllocator::allocateOn(size_t nbytes,
                    " bytes: the size is larger than any device can hold (a "
                    "negative size converted to unsigned?); check the sizes "
                    "passed to the tensor or storage");
+  if (C10_UNLIKELY(graphCaptureUnderway())) {  // a graph's private pool
+    c10::DataPtr pooled = graphPoolAllocate(nbytes, device, stream);
+    if (pooled) return pooled;
+  }
   DeviceCachingAllocator& allocator = forDevice(device);
   if (C10_UNLIKELY(!caching_enabled_.load(std::memory_order_relaxed))) {
     const size_t size = roundSize(nbytes);

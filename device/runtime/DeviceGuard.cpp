@@ -5,6 +5,7 @@
 // Events are driver events (ph_event_t) created lazily on first record.
 // EventFlag::PYTORCH_DEFAULT disables timing, as in CUDA; BACKEND_DEFAULT
 // (torch.Event(enable_timing=True)) enables it.
+#include <phantom/Graph.h>
 #include <phantom/DeviceAllocator.h>
 #include <phantom/Device.h>
 #include <phantom/DeviceState.h>
@@ -87,6 +88,10 @@ struct PhantomGuardImpl final : public c10::impl::DeviceGuardImplInterface {
 
   c10::DeviceIndex deviceCount() const noexcept override {
     return deviceCountNoThrow();
+  }
+
+  bool isStreamCapturing(const c10::Stream& stream) const override {
+    return phantom::isStreamCapturing(stream);  // phantom/Graph.h
   }
 
   bool queryStream(const c10::Stream& stream) const override {

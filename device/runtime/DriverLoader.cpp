@@ -71,6 +71,16 @@ constexpr Member kMembers[] = {
     PH_MEMBER(ipc_close_mem_handle, true),
     PH_MEMBER(ipc_get_event_handle, true),
     PH_MEMBER(ipc_open_event_handle, true),
+    // ABI 1004
+    PH_MEMBER(stream_begin_capture, true),
+    PH_MEMBER(stream_end_capture, true),
+    PH_MEMBER(stream_get_capture_info, true),
+    PH_MEMBER(graph_get_node_count, true),
+    PH_MEMBER(graph_instantiate, true),
+    PH_MEMBER(graph_launch, true),
+    PH_MEMBER(graph_exec_destroy, true),
+    PH_MEMBER(graph_destroy, true),
+    PH_MEMBER(graph_debug_dump, true),
 };
 
 #undef PH_MEMBER

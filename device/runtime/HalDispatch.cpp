@@ -468,4 +468,45 @@ ph_status_t ph_ipc_open_event_handle(const ph_ipc_event_handle_t* handle,
   PH_OPTIONAL(ipc_open_event_handle, handle, out_event);
 }
 
+// ABI 1004: graph capture and replay.
+ph_status_t ph_stream_begin_capture(ph_stream_t stream, ph_capture_mode_t mode) {
+  PH_OPTIONAL(stream_begin_capture, stream, mode);
+}
+
+ph_status_t ph_stream_end_capture(ph_stream_t stream, ph_graph_t* out_graph) {
+  if (out_graph != nullptr) *out_graph = nullptr;
+  PH_OPTIONAL(stream_end_capture, stream, out_graph);
+}
+
+ph_status_t ph_stream_get_capture_info(ph_stream_t stream,
+                                       ph_capture_status_t* out_status,
+                                       uint64_t* out_capture_id) {
+  PH_OPTIONAL(stream_get_capture_info, stream, out_status, out_capture_id);
+}
+
+ph_status_t ph_graph_get_node_count(ph_graph_t graph, size_t* out_count) {
+  PH_OPTIONAL(graph_get_node_count, graph, out_count);
+}
+
+ph_status_t ph_graph_instantiate(ph_graph_t graph, ph_graph_exec_t* out_exec) {
+  if (out_exec != nullptr) *out_exec = nullptr;
+  PH_OPTIONAL(graph_instantiate, graph, out_exec);
+}
+
+ph_status_t ph_graph_launch(ph_graph_exec_t exec, ph_stream_t stream) {
+  PH_OPTIONAL(graph_launch, exec, stream);
+}
+
+ph_status_t ph_graph_exec_destroy(ph_graph_exec_t exec) {
+  PH_OPTIONAL(graph_exec_destroy, exec);
+}
+
+ph_status_t ph_graph_destroy(ph_graph_t graph) {
+  PH_OPTIONAL(graph_destroy, graph);
+}
+
+ph_status_t ph_graph_debug_dump(ph_graph_t graph, const char* path) {
+  PH_OPTIONAL(graph_debug_dump, graph, path);
+}
+
 }  // extern "C"

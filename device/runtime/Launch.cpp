@@ -228,7 +228,17 @@ void launchAndWait(const PhantomStream& stream, const char* name,
   // thread when the stream is idle). The stream's sticky error, an earlier
   // task's or this one's, is reported once, as a sync reports it.
   const ph_stream_t driver_stream = stream.handle();
-  stream.check(ph_run_host_func(driver_stream, &task), driver_stream);
+  const ph_status_t status = ph_run_host_func(driver_stream, &task);
+  // Under graph capture the driver refuses work the host waits for; say
+  // which op it was (the capture is now invalidated, hal.h).
+  TORCH_CHECK(status != static_cast<ph_status_t>(
+                            PH_ERROR_STREAM_CAPTURE_UNSUPPORTED),
+              "phantom: ", name, " cannot be captured: it needs its result "
+              "on the host (a data-dependent shape, a value read back, or a "
+              "trial run) while the stream records work instead of running "
+              "it; the capture is invalidated. Run it before or after the "
+              "capture. (", ph_last_error_message(), ")");
+  stream.check(status, driver_stream);
   if (state->failure) {
     std::rethrow_exception(state->failure);
   }

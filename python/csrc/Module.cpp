@@ -12,6 +12,7 @@
 #include <phantom/FaultInjection.h>
 #include <phantom/Generator.h>
 #include <phantom/GpuTrace.h>
+#include <phantom/Graph.h>
 #include <phantom/HostAllocator.h>
 #include <phantom/Ipc.h>
 #include <phantom/KernelHostMemory.h>
@@ -177,6 +178,19 @@ PYBIND11_MODULE(_C, m) {
   phantom::python::initMemoryHistory(m);
 
   m.def("_device_count", [] { return phantom::deviceCountNoThrow(); });
+  // Graphs (torch_phantom/graphs.py).
+  m.def("_graph_pool_handle", [] {
+    const c10::MempoolId_t id = phantom::newGraphPoolId(/*user_created=*/true);
+    return py::make_tuple(id.first, id.second);
+  });
+  m.def("_is_current_stream_capturing", [] {
+    return phantom::isStreamCapturing(
+        phantom::getCurrentPhantomStream().unwrap());
+  });
+  m.def("_graph_pool_reserved_bytes",
+        [](c10::CaptureId_t first, c10::CaptureId_t second) {
+          return phantom::graphPoolReservedBytes({first, second});
+        });
   m.def("_driver_error", [] { return phantom::driverStartupError(); });
   m.def("_hal_info", &halInfo);
   m.def("_get_device", [] { return phantom::currentDevice(); });

@@ -30,6 +30,7 @@ from . import device_module as _device_module  # noqa: E402
 from . import faults  # noqa: E402,F401  (also torch.phantom.faults)
 from . import _exit  # noqa: E402  (releases autograd's graph tasks at exit)
 from . import reductions as _reductions  # noqa: E402
+from .graphs import wrap_in_graph  # noqa: E402,F401  (HPU-graphs-style wrapper)
 from . import distributed  # noqa: E402,F401  (registers the "pccl" c10d backend)
 
 __all__ = ["BACKEND_NAME", "faults", "ops_report", "reset_ops_report"]

@@ -86,6 +86,15 @@ from .random import (
     set_rng_state,
     set_rng_state_all,
 )
+from . import graphs
+from .graphs import (
+    Graph,
+    PhantomGraph,
+    graph,
+    graph_pool_handle,
+    is_current_stream_capturing,
+    make_graphed_callables,
+)
 from .streams import (
     Event,
     ExternalStream,
@@ -110,6 +119,9 @@ __all__ = [
     "Stream", "ExternalStream", "Event", "StreamContext", "stream",
     "current_stream", "default_stream", "set_stream",
     "get_stream_from_external", "race_detector",
+    # Graphs
+    "Graph", "PhantomGraph", "graph", "graph_pool_handle",
+    "is_current_stream_capturing", "make_graphed_callables",
     # Random numbers
     "default_generators", "get_rng_state", "get_rng_state_all",
     "set_rng_state", "set_rng_state_all", "manual_seed", "manual_seed_all",
@@ -132,7 +144,7 @@ __all__ = [
     "device_memory_used", "memory_usage", "utilization", "temperature",
     "power_draw", "clock_rate",
     # Submodules
-    "memory", "streams", "random", "nvtx", "faults",
+    "memory", "streams", "random", "nvtx", "faults", "graphs",
 ]
 
 _DeviceLike = _Union[_torch.device, str, int, None]

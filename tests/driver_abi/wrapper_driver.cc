@@ -6,7 +6,7 @@
 //                            struct_size ends before run_host_func, so
 //                            every later member (run_host_func, telemetry,
 //                            interprocess) counts as NULL
-//   WRAPPER_UNIMPLEMENTED    ABI 1003, but its run_host_func answers
+//   WRAPPER_UNIMPLEMENTED    the current ABI, but its run_host_func answers
 //                            PH_ERROR_UNIMPLEMENTED (after releasing the
 //                            task, as hal.h requires)
 //   WRAPPER_OTHER_MAJOR      abi_version 2003

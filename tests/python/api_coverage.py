@@ -71,11 +71,6 @@ _SWAP = (None, "swapping the device allocator for one loaded from a shared "
                "in C++")
 MISSING = {
     "CUDAGraph": _GRAPHS,
-    "graph": _GRAPHS,
-    "graph_pool_handle": _GRAPHS,
-    "graphs": _GRAPHS,
-    "make_graphed_callables": _GRAPHS,
-    "is_current_stream_capturing": _GRAPHS,
     "MemPool": _POOLS,
     "use_mem_pool": _POOLS,
     "profiler": (23, "the profiler's capture range (a device timeline)"),
