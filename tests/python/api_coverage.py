@@ -36,6 +36,8 @@ CUDA_ONLY = {
                     "multiprocessors)",
     "amp": "the deprecated torch.cuda.amp namespace; use "
            "torch.amp.autocast(\"phantom\") and torch.amp.GradScaler(\"phantom\")",
+    "CUDAGraph": "the class under its CUDA name; phantom's is torch.phantom.Graph "
+                 "(also PhantomGraph), and torch.accelerator.Graph works",
     "check_error": "checks a cudaError_t",
     "cudaStatus": "cudaError_t constants",
     "cudart": "the CUDA runtime library's bindings",
@@ -64,13 +66,11 @@ LEGACY = {
 }
 
 # name: (the open issue that covers it, or None; what it is)
-_GRAPHS = (22, "graph capture")
 _POOLS = (22, "memory pools, which come with graph capture")
 _SWAP = (None, "swapping the device allocator for one loaded from a shared "
                "library; a vendor replaces device/runtime/DeviceAllocator.cpp "
                "in C++")
 MISSING = {
-    "CUDAGraph": _GRAPHS,
     "MemPool": _POOLS,
     "use_mem_pool": _POOLS,
     "profiler": (23, "the profiler's capture range (a device timeline)"),
