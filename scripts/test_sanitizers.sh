@@ -43,5 +43,8 @@ cmake -S . -B "$root/asan-runtime" -G Ninja -DPHANTOM_BUILD_PYTHON=OFF \
 cmake --build "$root/asan-runtime" --target phantom_runtime_tests \
   phantom_settings_startup_tests phantom_observability_tests
 echo "== ctest of tests/runtime under asan-runtime"
+# ASan intercepts dlopen, so the runtime's run path does not reach the
+# loader's search: name the build's driver by its path.
+PHANTOM_DRIVER="$(cd "$root/asan-runtime/device/fake" && pwd)/libphantom_fake.so" \
 LSAN_OPTIONS="suppressions=$PWD/tests/sanitizers/lsan.supp" \
   ctest --test-dir "$root/asan-runtime/tests/runtime" --output-on-failure -j2
