@@ -47,6 +47,16 @@
 #include <vector>
 
 namespace phantom {
+
+[[noreturn]] void failMixedDevices(const c10::OperatorHandle& op,
+                                   const c10::Device& a, const c10::Device& b) {
+  TORCH_CHECK(false,
+              "Expected all tensors to be on the same device, but found at "
+              "least two devices, ", a, " and ", b, " (in ", op.schema().name(),
+              "). Move them to one device first, e.g. with tensor.to(\"", a,
+              "\")");
+}
+
 namespace {
 
 // Ops that, like on CUDA, accept CPU index tensors next to device tensors.
@@ -151,12 +161,7 @@ class DeviceChecker {
 
  private:
   [[noreturn]] void fail(const c10::Device& a, const c10::Device& b) const {
-    TORCH_CHECK(false,
-                "Expected all tensors to be on the same device, but found at "
-                "least two devices, ", a, " and ", b, " (in ",
-                op_.schema().name(),
-                "). Move them to one device first, e.g. with tensor.to(\"", a,
-                "\")");
+    failMixedDevices(op_, a, b);
   }
 
   const c10::OperatorHandle& op_;

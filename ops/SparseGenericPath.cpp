@@ -76,16 +76,6 @@ void forEachTensor(const c10::IValue& arg, F&& f) {
   }
 }
 
-[[noreturn]] void failMixedDevices(const c10::OperatorHandle& op,
-                                   const c10::Device& a, const c10::Device& b) {
-  TORCH_CHECK(false,
-              "Expected all tensors to be on the same device, but found at "
-              "least two devices, ", a, " and ", b, " (in ",
-              op.schema().name(),
-              "). Move them to one device first, e.g. with tensor.to(\"", a,
-              "\")");
-}
-
 // The phantom device the op runs on; refuses tensors of other devices
 // (0-dim dense CPU tensors aside: they are values, as on CUDA).
 c10::Device findDevice(const c10::OperatorHandle& op,

@@ -49,6 +49,11 @@ inline bool isGeneratorArgument(const c10::Argument& argument) {
          optional->getElementType()->kind() == c10::TypeKind::GeneratorType;
 }
 
+// Raises the error for an op given tensors of two devices `a` and `b`
+// (Fallback.cpp): the dense and sparse paths refuse mixed devices alike.
+[[noreturn]] void failMixedDevices(const c10::OperatorHandle& op,
+                                   const c10::Device& a, const c10::Device& b);
+
 // The boxed fallback for PrivateUse1 (Fallback.cpp): runs `op` by its CPU
 // kernel over device memory, queued or waited for. Native kernels call it
 // for the cases they decline.
