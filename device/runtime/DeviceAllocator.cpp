@@ -8,7 +8,7 @@
 #include <phantom/Exception.h>
 #include <phantom/GpuTrace.h>
 #include <phantom/FaultInjection.h>
-#include <phantom/Graph.h>
+#include <phantom/PrivatePool.h>
 #include <phantom/Ipc.h>
 #include <phantom/KernelHostMemory.h>
 #include <phantom/Launch.h>
@@ -162,6 +162,36 @@ class DeviceCachingAllocator {
       return;
     }
     returnToPool(block);
+  }
+
+  void accountPrivatePool(PrivatePoolChange change, size_t size,
+                          size_t requested) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const size_t pool_type = size <= kSmallSize ? kSmallPool : kLargePool;
+    const int64_t bytes = static_cast<int64_t>(size);
+    const int64_t asked = static_cast<int64_t>(requested);
+    switch (change) {
+      case PrivatePoolChange::kSegmentAllocated:
+        update(stats_.segment, pool_type, 1);
+        update(stats_.reserved_bytes, pool_type, bytes);
+        stats_.num_device_alloc += 1;
+        break;
+      case PrivatePoolChange::kSegmentFreed:
+        update(stats_.segment, pool_type, -1);
+        update(stats_.reserved_bytes, pool_type, -bytes);
+        stats_.num_device_free += 1;
+        break;
+      case PrivatePoolChange::kBlockAllocated:
+      case PrivatePoolChange::kBlockFreed: {
+        const int64_t sign = change == PrivatePoolChange::kBlockAllocated ? 1 : -1;
+        update(stats_.allocation, pool_type, sign);
+        update(stats_.allocated_bytes, pool_type, sign * bytes);
+        update(stats_.requested_bytes, pool_type, sign * asked);
+        update(stats_.active, pool_type, sign);
+        update(stats_.active_bytes, pool_type, sign * bytes);
+        break;
+      }
+    }
   }
 
   void recordStream(Block* block, c10::StreamId stream) {
@@ -877,8 +907,8 @@ c10::DataPtr PhantomDeviceAllocator::allocateOn(size_t nbytes,
                    " bytes: the size is larger than any device can hold (a "
                    "negative size converted to unsigned?); check the sizes "
                    "passed to the tensor or storage");
-  if (C10_UNLIKELY(graphCaptureUnderway())) {  // a graph's private pool
-    c10::DataPtr pooled = graphPoolAllocate(nbytes, device, stream);
+  if (C10_UNLIKELY(privatePoolRoutingActive())) {  // phantom/PrivatePool.h
+    c10::DataPtr pooled = privatePoolAllocate(nbytes, device, stream);
     if (pooled) return pooled;
   }
   DeviceCachingAllocator& allocator = forDevice(device);
@@ -969,6 +999,7 @@ void PhantomDeviceAllocator::recordStream(const c10::DataPtr& ptr,
     recordStream(*sent, stream);  // a storage sent to another process
     return;
   }
+  if (privatePoolRecordStream(ptr)) return;  // never handed out again
   if (ptr.get_deleter() != &deleteBlock || ptr.get_context() == nullptr) {
     return;  // not our memory (or empty): nothing to track
   }
@@ -982,6 +1013,12 @@ void PhantomDeviceAllocator::recordStream(const c10::DataPtr& ptr,
               " but the tensor's memory is on phantom:",
               static_cast<int>(block->device));
   forDevice(block->device).recordStream(block, stream.id());
+}
+
+void PhantomDeviceAllocator::accountPrivatePool(c10::DeviceIndex device,
+                                                PrivatePoolChange change,
+                                                size_t size, size_t requested) {
+  forDevice(device).accountPrivatePool(change, size, requested);
 }
 
 DeviceStats PhantomDeviceAllocator::getDeviceStats(c10::DeviceIndex device) {
@@ -1011,6 +1048,7 @@ std::vector<SegmentInfo> PhantomDeviceAllocator::snapshot() {
   for (auto& device : devices_) {
     device->snapshot(segments);
   }
+  privatePoolSnapshot(segments);
   return segments;
 }
 

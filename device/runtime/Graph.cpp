@@ -3,7 +3,7 @@
 // capture section, replay with one ph_graph_launch. See phantom/Graph.h.
 //
 // Memory: capture_begin makes the capturing stream's allocations come from
-// the graph's pool (GraphPool.cpp) until capture_end; reset() gives the
+// the graph's pool (PrivatePool.cpp) until capture_end; reset() gives the
 // pool back. Work a capture cannot record (an op that must wait for its
 // result, a synchronize) is refused by the driver with
 // PH_ERROR_STREAM_CAPTURE_UNSUPPORTED, raised at the op; the capture is
@@ -53,14 +53,14 @@ class PhantomGraphImpl final : public at::GraphImplInterface {
                 "reset() before capturing again");
     const PhantomStream stream = getCurrentPhantomStream();
     pool_ = (pool.first != 0 || pool.second != 0) ? pool
-                                                  : newGraphPoolId(false);
+                                                  : newPrivatePoolId(false);
     stream_ = stream;
     handle_ = stream.handle();
     graphPoolBeginCapture(pool_, stream.device_index(), stream.id());
     const ph_status_t status = ph_stream_begin_capture(handle_, halMode(mode));
     if (status != PH_SUCCESS) {
       graphPoolEndCapture(stream.device_index(), stream.id());
-      graphPoolRelease(pool_);
+      privatePoolRelease(pool_);
       TORCH_CHECK_NOT_IMPLEMENTED(
           status != PH_ERROR_UNIMPLEMENTED,
           "phantom: the device driver cannot capture graphs (its HAL "
@@ -94,7 +94,7 @@ class PhantomGraphImpl final : public at::GraphImplInterface {
       // go on (and capture again after reset()).
       const std::string message = ph_last_error_message();
       releaseFinishedWork();
-      graphPoolRelease(pool_);
+      privatePoolRelease(pool_);
       pool_ = {0, 0};
       TORCH_CHECK(false, "phantom graph: the capture failed and was "
                          "discarded: ", message);
@@ -145,7 +145,7 @@ class PhantomGraphImpl final : public at::GraphImplInterface {
     exec_ = nullptr;
     graph_ = nullptr;
     releaseFinishedWork();  // the recorded work's tensors die now
-    if (had_pool) graphPoolRelease(pool_);
+    if (had_pool) privatePoolRelease(pool_);
     pool_ = {0, 0};
   }
 

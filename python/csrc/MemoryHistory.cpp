@@ -103,7 +103,8 @@ py::list segmentsToPython(const std::vector<SegmentInfo>& segments,
     info["requested_size"] = segment.requested_size;
     info["stream"] = reinterpret_cast<int64_t>(segment.stream);
     info["segment_type"] = segment.is_large ? "large" : "small";
-    info["segment_pool_id"] = py::make_tuple(0, 0);
+    info["segment_pool_id"] = py::make_tuple(segment.owner_private_pool_id.first,
+                                             segment.owner_private_pool_id.second);
     info["is_expandable"] = false;
     info["frames"] = frames.of(segment.context_when_allocated);
     py::list blocks;

@@ -180,7 +180,7 @@ PYBIND11_MODULE(_C, m) {
   m.def("_device_count", [] { return phantom::deviceCountNoThrow(); });
   // Graphs (torch_phantom/graphs.py).
   m.def("_graph_pool_handle", [] {
-    const c10::MempoolId_t id = phantom::newGraphPoolId(/*user_created=*/true);
+    const c10::MempoolId_t id = phantom::newPrivatePoolId(/*user_created=*/true);
     return py::make_tuple(id.first, id.second);
   });
   m.def("_is_current_stream_capturing", [] {
@@ -189,7 +189,29 @@ PYBIND11_MODULE(_C, m) {
   });
   m.def("_graph_pool_reserved_bytes",
         [](c10::CaptureId_t first, c10::CaptureId_t second) {
-          return phantom::graphPoolReservedBytes({first, second});
+          return phantom::privatePoolReservedBytes({first, second});
+        });
+  // Memory pools (torch_phantom/mempool.py).
+  m.def("_mempool_create", [] {
+    const c10::MempoolId_t id = phantom::memPoolCreate();
+    return py::make_tuple(id.first, id.second);
+  });
+  m.def("_mempool_release", [](c10::CaptureId_t first, c10::CaptureId_t second) {
+    phantom::privatePoolRelease({first, second});
+  });
+  m.def("_mempool_use_count",
+        [](c10::CaptureId_t first, c10::CaptureId_t second) {
+          return phantom::privatePoolUseCount({first, second});
+        });
+  m.def("_mempool_begin_allocate",
+        [](c10::DeviceIndex device, c10::CaptureId_t first,
+           c10::CaptureId_t second) {
+          phantom::beginAllocateToPool(device, {first, second});
+        });
+  m.def("_mempool_end_allocate",
+        [](c10::DeviceIndex device, c10::CaptureId_t first,
+           c10::CaptureId_t second) {
+          phantom::endAllocateToPool(device, {first, second});
         });
   m.def("_driver_error", [] { return phantom::driverStartupError(); });
   m.def("_hal_info", &halInfo);

@@ -95,6 +95,7 @@ from .graphs import (
     is_current_stream_capturing,
     make_graphed_callables,
 )
+from .mempool import MemPool, use_mem_pool
 from .streams import (
     Event,
     ExternalStream,
@@ -122,6 +123,7 @@ __all__ = [
     # Graphs
     "Graph", "PhantomGraph", "graph", "graph_pool_handle",
     "is_current_stream_capturing", "make_graphed_callables",
+    "MemPool", "use_mem_pool",
     # Random numbers
     "default_generators", "get_rng_state", "get_rng_state_all",
     "set_rng_state", "set_rng_state_all", "manual_seed", "manual_seed_all",

@@ -219,15 +219,15 @@ def memory_snapshot(mempool_id=None, include_traces: bool = True) -> list:
     ``active_size``, ``requested_size``, ``stream``, ``segment_type``,
     ``blocks`` of ``address``/``size``/``requested_size``/``state``/
     ``frames``; the frames are there while :func:`_record_memory_history`
-    records). The history itself is in :func:`_snapshot`;
-    ``mempool_id`` must be None (memory pools come with graph capture)."""
-    if mempool_id is not None:
-        raise NotImplementedError(
-            "memory_snapshot(mempool_id=...): phantom has no memory pools "
-            "yet (they come with graph capture); call memory_snapshot()"
-        )
+    records). Memory of private pools (graphs', :class:`MemPool`'s) is in
+    segments whose ``segment_pool_id`` is the pool's id; ``mempool_id``
+    keeps only that pool's. The history itself is in :func:`_snapshot`."""
     del include_traces  # the segments carry no traces (as on CUDA)
-    return _C._memory_snapshot()
+    segments = _C._memory_snapshot()
+    if mempool_id is None:
+        return segments
+    wanted = tuple(mempool_id)
+    return [s for s in segments if tuple(s["segment_pool_id"]) == wanted]
 
 
 def _format_bytes(value: int, reference: int) -> str:

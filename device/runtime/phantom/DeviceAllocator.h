@@ -86,6 +86,16 @@ AllocatorSettings parseAllocatorSettings(const std::string& text);
 
 class DeviceCachingAllocator;
 
+// What happened to private-pool memory (phantom/PrivatePool.h), for the
+// statistics: the driver gave or took back a piece (a segment), or a
+// tensor took or gave back a block.
+enum class PrivatePoolChange {
+  kSegmentAllocated,
+  kSegmentFreed,
+  kBlockAllocated,
+  kBlockFreed,
+};
+
 class PhantomDeviceAllocator final : public c10::DeviceAllocator {
  public:
   PhantomDeviceAllocator();
@@ -120,6 +130,11 @@ class PhantomDeviceAllocator final : public c10::DeviceAllocator {
 
   // The settings in force (from PHANTOM_ALLOC_CONF); throws if malformed.
   const AllocatorSettings& settings();
+
+  // Private pools keep their own driver memory; memory_stats counts it as
+  // CUDA's allocator counts its private pools' segments and blocks.
+  void accountPrivatePool(c10::DeviceIndex device, PrivatePoolChange change,
+                          size_t size, size_t requested);
 
   // Frees the memory behind a DataPtr's context (its deleter). Any thread.
   void releaseContext(void* context) noexcept;
