@@ -173,22 +173,18 @@ ph_status_t Submit(const char* function, ph_stream_t handle,
                 std::string(function) + ": called from work running on the "
                                         "same stream, which would wait for itself");
   }
-  std::shared_ptr<Completion> completion;
-  if (wait) completion = std::make_shared<Completion>();
-  const uint64_t id = stream->AddTask(task, completion);
+  const uint64_t id = stream->AddTask(task);
   Message request;
   request.a[0] = stream->id();
   request.a[1] = id;
+  request.a[2] = wait ? 1 : 0;  // run: the server answers once it has run
   status = Call(Op::kLaunch, request);
   if (status != PH_SUCCESS) {
     const std::string message = LastErrorMessage();
-    stream->ReleaseTask(id, status, message);
+    stream->ReleaseTask(id);  // if it is still ours
     return Fail(status, message);
   }
-  if (!wait) return PH_SUCCESS;
-  completion->Wait();
-  if (completion->status == PH_SUCCESS) return PH_SUCCESS;
-  return Fail(completion->status, completion->message);
+  return PH_SUCCESS;
 }
 
 }  // namespace

@@ -37,21 +37,6 @@ void Release(const ph_host_task_t& task) {
 
 }  // namespace
 
-void Completion::Finish(bool did_run, ph_status_t result,
-                        const std::string& text) {
-  std::lock_guard<std::mutex> lock(mutex);
-  finished = true;
-  ran = did_run;
-  status = result;
-  message = text;
-  changed.notify_all();
-}
-
-void Completion::Wait() {
-  std::unique_lock<std::mutex> lock(mutex);
-  changed.wait(lock, [this] { return finished; });
-}
-
 ClientStream::~ClientStream() {
   if (thread_.joinable()) StopCallbacks();
 }
@@ -69,14 +54,13 @@ void ClientStream::StopCallbacks() {
   }
   if (fd_ >= 0) ::close(fd_);
   fd_ = -1;
-  ReleaseAll(PH_ERROR_INVALID_HANDLE, "the stream was destroyed");
+  ReleaseAll();
 }
 
-uint64_t ClientStream::AddTask(const ph_host_task_t& task,
-                               std::shared_ptr<Completion> completion) {
+uint64_t ClientStream::AddTask(const ph_host_task_t& task) {
   const uint64_t id = g_next_task.fetch_add(1);
   std::lock_guard<std::mutex> lock(mutex_);
-  pending_[id] = Pending{task, std::move(completion)};
+  pending_[id] = Pending{task};
   return id;
 }
 
@@ -89,24 +73,18 @@ bool ClientStream::Take(uint64_t task, Pending* out) {
   return true;
 }
 
-void ClientStream::ReleaseTask(uint64_t task, ph_status_t status,
-                               const std::string& why) {
+void ClientStream::ReleaseTask(uint64_t task) {
   Pending pending;
-  if (!Take(task, &pending)) return;  // already released (device lost)
-  Release(pending.task);
-  if (pending.completion) pending.completion->Finish(false, status, why);
+  if (Take(task, &pending)) Release(pending.task);  // else: released already
 }
 
-void ClientStream::ReleaseAll(ph_status_t status, const std::string& why) {
+void ClientStream::ReleaseAll() {
   std::map<uint64_t, Pending> left;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     left.swap(pending_);
   }
-  for (auto& [id, pending] : left) {
-    Release(pending.task);
-    if (pending.completion) pending.completion->Finish(false, status, why);
-  }
+  for (auto& [id, pending] : left) Release(pending.task);
 }
 
 void ClientStream::Serve() {
@@ -136,23 +114,15 @@ void ClientStream::Serve() {
       }
       reply.status = status;
       Release(pending.task);
-      if (pending.completion) {
-        pending.completion->Finish(true, status, reply_text);
-      }
     } else {  // kReleaseTask: skipped because the stream is sticky
       Release(pending.task);
-      if (pending.completion) {
-        pending.completion->Finish(
-            false, static_cast<ph_status_t>(message.status), text);
-      }
     }
     if (!SendMessage(fd_, reply, reply_text)) break;
   }
   if (stopping_) return;
   // The server is gone: nothing queued will run.
   MarkLost();
-  LostError();
-  ReleaseAll(PH_ERROR_DEVICE, LastErrorMessage());
+  ReleaseAll();
 }
 
 ph_stream_t StreamHandle(uint64_t id) {

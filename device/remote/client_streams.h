@@ -14,13 +14,13 @@
 // Every task is released exactly once: whoever takes it out of the pending
 // map (the callback thread, a failed launch, or the device-lost cleanup)
 // calls `release`. When the server is lost, each callback thread sees its
-// connection close and releases what its stream still held, waking any
-// ph_run_host_func waiting for one of them.
+// connection close and releases what its stream still held.
+// ph_run_host_func needs nothing more: the server answers its launch only
+// once the task has run and been counted (wire.h, kLaunch).
 #ifndef PHANTOM_REMOTE_CLIENT_STREAMS_H_
 #define PHANTOM_REMOTE_CLIENT_STREAMS_H_
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -31,19 +31,6 @@
 #include "phantom/hal.h"
 
 namespace phantom::remote {
-
-// What became of one task (for ph_run_host_func).
-struct Completion {
-  std::mutex mutex;
-  std::condition_variable changed;
-  bool finished = false;
-  bool ran = false;
-  ph_status_t status = PH_SUCCESS;
-  std::string message;
-
-  void Finish(bool did_run, ph_status_t result, const std::string& text);
-  void Wait();
-};
 
 class ClientStream {
  public:
@@ -63,20 +50,18 @@ class ClientStream {
   // Stops the callback thread after the server destroyed the stream.
   void StopCallbacks();
 
-  // Registers a task before its launch is sent.
-  uint64_t AddTask(const ph_host_task_t& task,
-                   std::shared_ptr<Completion> completion);
+  // Registers a task before its launch is sent; returns its id.
+  uint64_t AddTask(const ph_host_task_t& task);
   // Takes a task back out and releases it (a launch the server refused).
-  void ReleaseTask(uint64_t task, ph_status_t status, const std::string& why);
+  void ReleaseTask(uint64_t task);
 
  private:
   struct Pending {
     ph_host_task_t task;
-    std::shared_ptr<Completion> completion;
   };
   void Serve();
   bool Take(uint64_t task, Pending* out);
-  void ReleaseAll(ph_status_t status, const std::string& why);
+  void ReleaseAll();
 
   const uint64_t id_;
   const int device_;

@@ -408,7 +408,8 @@ void Connection::Handle(const Message& request, int passed_fd, Message* reply,
       Item item;
       item.kind = Item::Kind::kHost;
       item.task = a[1];
-      status(stream->Enqueue(std::move(item), true, text));
+      // a2 != 0: ph_run_host_func, which answers once the task has run.
+      status(Submit(*stream, std::move(item), a[2] != 0, text));
       return;
     }
     case Op::kCopy:

@@ -195,6 +195,9 @@ void Stream::Run() {
       // the event is reached already says idle.
       item.record->MarkReached(sticky_, sticky_origin_);
     }
+    // A waiting caller hears once the item is counted: a query right after
+    // a blocking copy or ph_run_host_func says idle (or the task's error).
+    if (item.done) item.done->Finish(sticky_, sticky_message_);
     changed_.notify_all();
   }
 }
@@ -206,7 +209,6 @@ void Stream::Execute(Item& item, std::unique_lock<std::mutex>& lock) {
       item.record->time = std::chrono::steady_clock::now();
       return;
     case Item::Kind::kBarrier:
-      item.done->Finish(sticky_, sticky_message_);
       return;
     case Item::Kind::kWait: {
       if (sticky) return;
@@ -227,7 +229,6 @@ void Stream::Execute(Item& item, std::unique_lock<std::mutex>& lock) {
         item.work();
         lock.lock();
       }
-      if (item.done) item.done->Finish(sticky_, sticky ? sticky_message_ : "");
       return;
     case Item::Kind::kHost:
       RunHostTask(item, lock);

@@ -52,7 +52,7 @@ enum class Op : uint32_t {
   kStreamQuery,       // a0: stream
   kStreamSynchronize, // a0: stream
   kStreamWaitEvent,   // a0: stream, a1: event
-  kLaunch,            // a0: stream, a1: task id
+  kLaunch,            // a0: stream, a1: task id, a2: 1 to wait for it
   kCopy,              // a0: stream (0: now), a1/a2 dst, a3/a4 src, a5 size
   kMemset,            // a0: stream, a1: device, a2: offset, a3: byte, a4 size
   kBarrier,           // a0: stream; replies once earlier work has finished
