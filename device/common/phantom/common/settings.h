@@ -186,12 +186,12 @@ inline constexpr Spec kFakeNoIpc = Switch(
 // Text kinds: the parser only refuses what cannot name a file.
 inline constexpr Spec kRemoteServer{
     "PHANTOM_REMOTE_SERVER", Kind::kLibrary, 0, 0, 0,
-    "phantom_remote_server next to the driver", nullptr, Reader::kDriver,
+    "(next to the driver)", nullptr, Reader::kDriver,
     "the remote driver's server program, which it starts on first use "
     "(docs/remote-driver.md)"};
 inline constexpr Spec kRemoteSocket{
     "PHANTOM_REMOTE_SOCKET", Kind::kLibrary, 0, 0, 0,
-    "(unset: the driver starts its own server)", nullptr, Reader::kDriver,
+    "(unset: the driver starts its own)", nullptr, Reader::kDriver,
     "the socket of a running phantom_remote_server the remote driver "
     "connects to instead of starting one (docs/remote-driver.md)"};
 
