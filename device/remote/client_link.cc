@@ -59,9 +59,14 @@ State& GetState() {
 struct ThreadLink {
   int fd = -1;
   char* staging = nullptr;
+  // A thread's last calls may come after this ran (the runtime frees
+  // memory from static destructors at exit): they find no connection and
+  // open a new one.
   ~ThreadLink() {
     if (fd >= 0) ::close(fd);
     if (staging != nullptr) ::munmap(staging, kStagingBytes);
+    fd = -1;
+    staging = nullptr;
   }
 };
 thread_local ThreadLink t_link;
