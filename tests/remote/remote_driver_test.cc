@@ -342,14 +342,23 @@ TEST(RemoteDeviceLost, KillingTheServerFailsEveryCallAndWakesWaiters) {
                      while (!release) std::this_thread::sleep_for(milliseconds(1));
                      return PH_SUCCESS;
                    }) == PH_SUCCESS;
+        ph_event_t after = nullptr;
+        ok = ok && ph_event_create(0, &after) == PH_SUCCESS &&
+             ph_event_record(after, stream) == PH_SUCCESS;
+        // A second waiter, on an event behind the same work.
+        ph_status_t event_waited = PH_SUCCESS;
+        std::thread event_waiter(
+            [&] { event_waited = ph_event_synchronize(after); });
         std::thread killer([&] {
           std::this_thread::sleep_for(milliseconds(100));
           if (!servers.empty()) ::kill(servers[0], SIGKILL);
         });
         const ph_status_t waited = ph_stream_synchronize(stream);
         const std::string message = ph_last_error_message();
+        event_waiter.join();
         release = true;
         killer.join();
+        ok = ok && event_waited == PH_ERROR_DEVICE;
         std::fprintf(stderr, "%s\n", message.c_str());
         ok = ok && waited == PH_ERROR_DEVICE &&
              message.find("killed by signal 9") != std::string::npos &&
