@@ -19,6 +19,7 @@
 // tests, or this binary re-run with --child), since a lost device is
 // lost for the whole process.
 #include <dirent.h>
+#include <dlfcn.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <spawn.h>
@@ -368,9 +369,55 @@ TEST(RemoteDeviceLost, KillingTheServerFailsEveryCallAndWakesWaiters) {
       ::testing::ExitedWithCode(0), "device was lost: its server process");
 }
 
-// This binary, re-run as `--child exit|kill`: starts the device, prints
-// the server's pid, then exits or is killed.
+// A server that cannot be started or reached is a driver that could not
+// start: PH_ERROR_NOT_INITIALIZED, with a sentence naming the setting.
+TEST(RemoteStartUp, AServerThatCannotStartIsNotInitialized) {
+  EXPECT_EXIT(
+      {
+        setenv("PHANTOM_REMOTE_SERVER", "/nonexistent/phantom_remote_server", 1);
+        int count = 7;
+        void* ptr = nullptr;
+        const bool ok = ph_device_count(&count) == PH_ERROR_NOT_INITIALIZED &&
+                        count == 0 &&
+                        ph_malloc(0, 16, &ptr) == PH_ERROR_NOT_INITIALIZED;
+        std::fprintf(stderr, "%s\n", ph_last_error_message());
+        _exit(ok ? 0 : 1);
+      },
+      ::testing::ExitedWithCode(0),
+      "cannot start its server '/nonexistent/phantom_remote_server'.*"
+      "PHANTOM_REMOTE_SERVER");
+  EXPECT_EXIT(
+      {
+        setenv("PHANTOM_REMOTE_SOCKET", "/nonexistent/socket", 1);
+        int count = 7;
+        const bool ok = ph_device_count(&count) == PH_ERROR_NOT_INITIALIZED;
+        std::fprintf(stderr, "%s\n", ph_last_error_message());
+        _exit(ok ? 0 : 1);
+      },
+      ::testing::ExitedWithCode(0),
+      "cannot connect to the phantom remote server at '/nonexistent/socket'"
+      ".*PHANTOM_REMOTE_SOCKET");
+}
+
+// This binary, re-run as `--child exit|kill|shared`. exit, kill: starts
+// the device, prints the server's pid, then exits or is killed. shared:
+// checks the shared server's device 0 is whole, then leaves half of it
+// allocated and a stream with work on it.
 int ChildMain(const std::string& how) {
+  if (how == "shared") {
+    size_t free_bytes = 0;
+    size_t total = 0;
+    void* leaked = nullptr;
+    ph_stream_t stream = nullptr;
+    const bool ok = ph_mem_get_info(0, &free_bytes, &total) == PH_SUCCESS &&
+                    free_bytes == total &&
+                    ph_malloc(0, total / 2, &leaked) == PH_SUCCESS &&
+                    ph_stream_create(0, 0, &stream) == PH_SUCCESS &&
+                    ph_memset_async(leaked, 1, 4096, stream) == PH_SUCCESS &&
+                    ServerChildren(::getpid()).empty();  // not ours: shared
+    std::printf("0\n");
+    return ok ? 0 : 1;
+  }
   int count = 0;
   if (ph_device_count(&count) != PH_SUCCESS) return 2;
   const std::vector<pid_t> servers = ServerChildren(::getpid());
@@ -424,6 +471,46 @@ TEST(RemoteServer, NoServerOutlivesAClientThatIsKilled) {
   EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
   EXPECT_TRUE(GoneWithin(server, milliseconds(10000)))
       << "server " << server << " outlived its killed client";
+}
+
+// The server next to the driver library this program linked.
+std::string ServerProgram() {
+  Dl_info info{};
+  if (::dladdr(reinterpret_cast<void*>(&ph_driver_get_table), &info) == 0) {
+    return "";
+  }
+  const std::string library = info.dli_fname;
+  return library.substr(0, library.rfind('/') + 1) + "phantom_remote_server";
+}
+
+// A server started by hand serves clients one after the other
+// (PHANTOM_REMOTE_SOCKET); what a client left behind is freed when it goes.
+TEST(RemoteServer, ASharedServerFreesWhatEachClientLeaves) {
+  const std::string socket_path =
+      "/tmp/phantom-remote-test-" + std::to_string(::getpid()) + ".sock";
+  std::string program = ServerProgram();
+  char* argv[] = {&program[0], const_cast<char*>("--socket"),
+                  const_cast<char*>(socket_path.c_str()), nullptr};
+  pid_t server = -1;
+  ASSERT_EQ(::posix_spawn(&server, program.c_str(), nullptr, nullptr, argv,
+                          environ),
+            0);
+  for (int i = 0; i < 500 && ::access(socket_path.c_str(), F_OK) != 0; ++i) {
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  setenv("PHANTOM_REMOTE_SOCKET", socket_path.c_str(), 1);
+  for (int client = 0; client < 2; ++client) {
+    int status = 0;
+    RunChild("shared", &status);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << "client " << client << " found the device used, or failed";
+  }
+  unsetenv("PHANTOM_REMOTE_SOCKET");
+  EXPECT_TRUE(Alive(server)) << "the shared server outlives its clients";
+  ::kill(server, SIGTERM);
+  int status = 0;
+  ::waitpid(server, &status, 0);
+  EXPECT_NE(::access(socket_path.c_str(), F_OK), 0) << "socket left behind";
 }
 
 }  // namespace
