@@ -1,8 +1,11 @@
 // The remote driver (device/remote, docs/remote-driver.md): what it
-// promises beyond the conformance suite, which it also runs.
+// promises beyond the conformance suite (tests/hal), which it passes too.
 //
 //  - the server is a child process started on first use, and none is left
-//    behind when the client exits, normally or killed;
+//    behind when the client exits, normally or killed; a server that
+//    cannot be started or reached is a driver that could not start
+//    (PH_ERROR_NOT_INITIALIZED naming the setting); a server shared through
+//    PHANTOM_REMOTE_SOCKET frees what each client leaves behind;
 //  - device memory is never host-addressable here: pointer attributes say
 //    DEVICE, there is no kernel view, and the bytes at a device address
 //    cannot be read by this process;
@@ -12,8 +15,8 @@
 //    (run by this process) keeps its place in stream order;
 //  - out of memory is PH_ERROR_OUT_OF_MEMORY and the device goes on;
 //  - device lost: when the server is killed, a synchronize waiting on
-//    queued work wakes, and every call returns PH_ERROR_DEVICE saying the
-//    device was lost and how the server ended.
+//    queued work (and an event synchronize) wakes, and every call returns
+//    PH_ERROR_DEVICE saying the device was lost and how the server ended.
 //
 // The tests that kill or leave servers run in child processes (death
 // tests, or this binary re-run with --child), since a lost device is
