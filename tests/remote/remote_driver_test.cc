@@ -5,7 +5,8 @@
 //    behind when the client exits, normally or killed; a server that
 //    cannot be started or reached is a driver that could not start
 //    (PH_ERROR_NOT_INITIALIZED naming the setting); a server shared through
-//    PHANTOM_REMOTE_SOCKET frees what each client leaves behind;
+//    PHANTOM_REMOTE_SOCKET frees what each client leaves behind; a forked
+//    child of a client is refused and the client goes on;
 //  - device memory is never host-addressable here: pointer attributes say
 //    DEVICE, there is no kernel view, and the bytes at a device address
 //    cannot be read by this process;
@@ -302,6 +303,28 @@ TEST(RemoteMemory, OutOfMemoryIsReportedAndTheDeviceGoesOn) {
   size_t after = 0;
   ASSERT_PH_OK(ph_mem_get_info(0, &after, &total));
   EXPECT_EQ(after, free_bytes);
+}
+
+// A process forked from one that started the device shares its
+// connections; it must not use them (the parent's replies would be read by
+// the child). Its calls refuse, saying why, and the parent goes on.
+TEST(RemoteStartUp, AForkedChildIsRefusedAndTheParentGoesOn) {
+  int count = 0;
+  ASSERT_PH_OK(ph_device_count(&count));
+  const pid_t child = ::fork();
+  if (child == 0) {
+    void* ptr = nullptr;
+    const bool refused =
+        ph_malloc(0, 16, &ptr) == PH_ERROR_DEVICE &&
+        std::strstr(ph_last_error_message(), "forked") != nullptr;
+    ::_exit(refused ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  void* ptr = nullptr;
+  ASSERT_PH_OK(ph_malloc(0, 16, &ptr));
+  ASSERT_PH_OK(ph_free(ptr));
 }
 
 // Every call the runtime makes, after the device was lost: the device
