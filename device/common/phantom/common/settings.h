@@ -182,12 +182,25 @@ inline constexpr Spec kFakeNoIpc = Switch(
     "test-only: 1 makes the fake driver refuse interprocess sharing, as a "
     "driver without that capability does (docs/multiprocessing.md)");
 
+// The remote driver (device/remote/client_link.h, docs/remote-driver.md).
+// Text kinds: the parser only refuses what cannot name a file.
+inline constexpr Spec kRemoteServer{
+    "PHANTOM_REMOTE_SERVER", Kind::kLibrary, 0, 0, 0,
+    "(next to the driver)", nullptr, Reader::kDriver,
+    "the remote driver's server program, which it starts on first use "
+    "(docs/remote-driver.md)"};
+inline constexpr Spec kRemoteSocket{
+    "PHANTOM_REMOTE_SOCKET", Kind::kLibrary, 0, 0, 0,
+    "(unset: the driver starts its own)", nullptr, Reader::kDriver,
+    "the socket of a running phantom_remote_server the remote driver "
+    "connects to instead of starting one (docs/remote-driver.md)"};
+
 // Every setting, in the order the README lists them.
 inline constexpr const Spec* kAll[] = {
     &kDeviceCount, &kDeviceMemory, &kAllocConf,  &kFaultAlloc,
     &kFaultKernel, &kFaultLatencyUs, &kNoLending, &kSyncGeneric,
     &kDebugMemo,   &kOpsReport,     &kRaceDetector, &kDriver,
-    &kFakeNoIpc};
+    &kFakeNoIpc,   &kRemoteServer,  &kRemoteSocket};
 
 // The setting called `name` (a top-level PHANTOM_* one), or nullptr.
 const Spec* Find(const char* name);
