@@ -68,6 +68,13 @@ constexpr ph_driver_table_t kTable = {
     &ph_graph_exec_destroy,
     &ph_graph_destroy,
     &ph_graph_debug_dump,
+    // ABI 1005
+    &ph_activity_enable,
+    &ph_activity_disable,
+    &ph_activity_get_timestamp,
+    &ph_activity_push_correlation,
+    &ph_activity_pop_correlation,
+    &ph_activity_flush,
 };
 
 }  // namespace

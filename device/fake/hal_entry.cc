@@ -9,6 +9,7 @@
 //
 // The current device is thread-local, as in CUDA. Stream and event handles
 // are registry ids (see handle_registry.h).
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdio>
@@ -20,6 +21,7 @@
 #include <utility>
 
 #include "activity.h"
+#include "activity_trace.h"
 #include "config.h"
 #include "copy_channels.h"
 #include "copy_engine.h"
@@ -106,11 +108,14 @@ ph_status_t WaitsForItself(const char* function, const char* what) {
 // blocking copy on an idle stream runs on the caller (Stream::RunNow), as
 // ph_run_host_func does, which spares two thread hand-offs per copy.
 ph_status_t QueueCopy(Stream& stream, TaskKind kind, const char* name,
-                      std::function<void()> body, bool blocking) {
+                      std::function<void()> body, bool blocking, size_t bytes,
+                      ph_memcpy_kind_t copy_kind) {
   auto ran = std::make_shared<bool>(false);
   Task task;
   task.kind = kind;
   task.name = name;
+  task.bytes = bytes;
+  task.copy_kind = copy_kind;
   task.run = [body = std::move(body), ran](char*, size_t) {
     body();
     *ran = true;
@@ -683,7 +688,20 @@ ph_status_t ph_memcpy(void* dst, const void* src, size_t size,
     const MeteredSpan src_metered(
         src_device >= 0 && src_device != dst_device ? &MemoryMeter(src_device)
                                                     : nullptr);
+    if (!trace::On()) {
+      ChannelCopy(plan.dst, plan.src, plan.size);
+      return PH_SUCCESS;
+    }
+    ph_activity_record_t record{};  // a blocking copy runs on no stream
+    record.kind = PH_ACTIVITY_MEMCPY;
+    record.device = dst_device >= 0 ? dst_device : std::max(src_device, 0);
+    record.correlation_id = trace::CurrentCorrelation();
+    record.bytes = size;
+    record.copy_kind = kind;
+    record.start_ns = NowNs();
     ChannelCopy(plan.dst, plan.src, plan.size);
+    record.end_ns = NowNs();
+    trace::Record(record);
     return PH_SUCCESS;
   });
 }
@@ -707,7 +725,7 @@ ph_status_t ph_memcpy_async(void* dst, const void* src, size_t size,
     return QueueCopy(
         *stream, TaskKind::kCopy, "ph_memcpy_async",
         [plan] { ChannelCopy(plan.dst, plan.src, plan.size); },
-        plan.pageable_host);
+        plan.pageable_host, size, kind);
   });
 }
 
@@ -726,7 +744,8 @@ ph_status_t ph_memset_async(void* dst, int value, size_t size,
     const int byte = value & 0xff;
     return QueueCopy(
         *stream, TaskKind::kMemset, "ph_memset_async",
-        [view, byte, size] { std::memset(view, byte, size); }, false);
+        [view, byte, size] { std::memset(view, byte, size); }, false, size,
+        PH_MEMCPY_HOST_TO_HOST);
   });
 }
 

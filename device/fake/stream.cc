@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "activity.h"
+#include "activity_trace.h"
 #include "errors.h"
 #include "handle_registry.h"
 #include "spin_wait.h"
@@ -60,9 +61,14 @@ ActivityMeter* MeterFor(TaskKind kind, int device) {
 
 Stream* CurrentStream() { return t_current_stream; }
 
+namespace {
+std::atomic<uint64_t> g_next_trace_id{1};
+}  // namespace
+
 Stream::Stream(int device, int priority)
     : device_(device),
       priority_(priority),
+      trace_id_(g_next_trace_id.fetch_add(1, std::memory_order_relaxed)),
       slots_(new Slot[kLaunchQueueSlots]) {
   for (uint64_t i = 0; i < kLaunchQueueSlots; ++i) {
     slots_[i].sequence.store(i, std::memory_order_relaxed);
@@ -135,6 +141,24 @@ void Stream::WorkerLoop() {
   t_current_stream = nullptr;
 }
 
+ph_status_t Stream::RunTraced(Task& task, char* error, size_t error_size) {
+  ph_activity_record_t record{};
+  record.kind = task.kind == TaskKind::kCopy     ? PH_ACTIVITY_MEMCPY
+                : task.kind == TaskKind::kMemset ? PH_ACTIVITY_MEMSET
+                                                 : PH_ACTIVITY_HOST_WORK;
+  record.device = device_;
+  record.stream_id = trace_id_;
+  record.correlation_id = task.correlation;
+  record.name = record.kind == PH_ACTIVITY_HOST_WORK ? task.name : nullptr;
+  record.bytes = task.bytes;
+  record.copy_kind = task.copy_kind;
+  record.start_ns = NowNs();
+  const ph_status_t status = task.Run(error, error_size);
+  record.end_ns = NowNs();
+  trace::Record(record);
+  return status;
+}
+
 void Stream::Execute(Task task) {
   const bool skip =
       sticky_status_.load(std::memory_order_acquire) != PH_SUCCESS &&
@@ -147,7 +171,11 @@ void Stream::Execute(Task task) {
   char error[kTaskErrorBytes] = "";
   if (!skip) {
     const MeteredSpan metered(MeterFor(task.kind, device_));
-    status = task.Run(error, sizeof error);
+    if (trace::On() && task.kind != TaskKind::kEventMarker) {
+      status = RunTraced(task, error, sizeof error);
+    } else {
+      status = task.Run(error, sizeof error);
+    }
   }
   task.Release();
   const char* name = task.name != nullptr ? task.name : "(unnamed)";
@@ -261,6 +289,7 @@ void Stream::Publish(uint64_t position, Task task, bool ran_inline) {
 ph_status_t Stream::Enqueue(Task task, bool refuse_when_sticky,
                             uint64_t* out_generation) {
   std::string message;
+  if (trace::On()) task.correlation = trace::CurrentCorrelation();
   ph_status_t refusal = Refusal(refuse_when_sticky, &message);
   if (refusal == PH_SUCCESS) {
     uint64_t position = 0;
@@ -278,6 +307,7 @@ ph_status_t Stream::Enqueue(Task task, bool refuse_when_sticky,
 
 ph_status_t Stream::RunNow(Task task) {
   std::string message;
+  if (trace::On()) task.correlation = trace::CurrentCorrelation();
   const ph_status_t refusal = Refusal(true, &message);
   if (refusal != PH_SUCCESS) {
     task.Release();

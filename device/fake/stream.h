@@ -104,6 +104,12 @@ struct Task {
   std::function<void()> release;
   // Event markers run even on a sticky stream so waiters are released.
   bool runs_when_sticky = false;
+  // The activity trace (activity_trace.h): the launching thread's
+  // correlation id (taken when queued while tracing is on), and a copy's
+  // or fill's size and a copy's direction.
+  uint64_t correlation = 0;
+  uint64_t bytes = 0;
+  ph_memcpy_kind_t copy_kind = PH_MEMCPY_HOST_TO_HOST;
   // A host function (ph_launch_host_func, ph_run_host_func) is kept as the
   // caller's plain struct instead of being wrapped in `run` and `release`:
   // no allocation per launch. Used when `run` is empty.
@@ -177,6 +183,9 @@ class Stream {
   void Shutdown();
 
   int device() const { return device_; }
+  // Unique among the process's streams, never reused (the activity
+  // trace's stream_id; 1 for the first).
+  uint64_t trace_id() const { return trace_id_; }
   int priority() const { return priority_; }
 
  private:
@@ -212,6 +221,8 @@ class Stream {
   // Runs (or, on a sticky stream, skips) a task on the calling thread and
   // counts it complete; no lock is held on entry.
   void Execute(Task task);
+  // Runs `task` and records it in the activity trace.
+  ph_status_t RunTraced(Task& task, char* error, size_t error_size);
   // Execute for an event wait that is not skipped (Task::wait).
   void ExecuteWait(Task task);
   // Makes the stream sticky unless it already is; mutex_ held.
@@ -230,6 +241,7 @@ class Stream {
 
   const int device_;
   const int priority_;
+  const uint64_t trace_id_;
   std::unique_ptr<Slot[]> slots_;
   // Cache lines by who writes them, so that a launch and the worker's
   // step touch no line the other side wrote in steady state.

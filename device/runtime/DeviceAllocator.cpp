@@ -137,6 +137,7 @@ class DeviceCachingAllocator {
     if (C10_UNLIKELY(history_.on())) {
       history_.allocated(block->ptr, block->size, stream, context);
     }
+    reportToProfiler(block->ptr, static_cast<int64_t>(block->size));
     return block;
   }
 
@@ -157,6 +158,7 @@ class DeviceCachingAllocator {
     if (block->size >= settings_.max_split_size) {
       stats_.oversize_allocations.decrease(1);
     }
+    reportToProfiler(block->ptr, -static_cast<int64_t>(block->size));
     if (!block->stream_uses.empty()) {
       recordUseEvents(block);  // stays active until the events complete
       return;
@@ -356,6 +358,18 @@ class DeviceCachingAllocator {
           &stats_.reserved_bytes, &stats_.active_bytes,
           &stats_.inactive_split_bytes, &stats_.requested_bytes}) {
       fn(*array);
+    }
+  }
+
+  // torch.profiler's profile_memory: the allocation or free (negative
+  // size) with the totals after it, as CUDA's allocator reports them.
+  // Mutex held.
+  void reportToProfiler(void* ptr, int64_t size) {
+    if (C10_UNLIKELY(c10::memoryProfilingEnabled())) {
+      c10::reportMemoryUsageToProfiler(
+          ptr, size, stats_.allocated_bytes[kAggregate].current,
+          stats_.reserved_bytes[kAggregate].current,
+          c10::Device(c10::DeviceType::PrivateUse1, device_));
     }
   }
 

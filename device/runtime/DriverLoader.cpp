@@ -81,6 +81,13 @@ constexpr Member kMembers[] = {
     PH_MEMBER(graph_exec_destroy, true),
     PH_MEMBER(graph_destroy, true),
     PH_MEMBER(graph_debug_dump, true),
+    // ABI 1005
+    PH_MEMBER(activity_enable, true),
+    PH_MEMBER(activity_disable, true),
+    PH_MEMBER(activity_get_timestamp, true),
+    PH_MEMBER(activity_push_correlation, true),
+    PH_MEMBER(activity_pop_correlation, true),
+    PH_MEMBER(activity_flush, true),
 };
 
 #undef PH_MEMBER

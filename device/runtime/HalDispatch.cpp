@@ -509,4 +509,30 @@ ph_status_t ph_graph_debug_dump(ph_graph_t graph, const char* path) {
   PH_OPTIONAL(graph_debug_dump, graph, path);
 }
 
+// ABI 1005: the activity trace.
+ph_status_t ph_activity_enable(void) { PH_OPTIONAL(activity_enable); }
+
+ph_status_t ph_activity_disable(void) { PH_OPTIONAL(activity_disable); }
+
+ph_status_t ph_activity_get_timestamp(uint64_t* out_ns) {
+  PH_OPTIONAL(activity_get_timestamp, out_ns);
+}
+
+ph_status_t ph_activity_push_correlation(uint64_t id) {
+  PH_OPTIONAL(activity_push_correlation, id);
+}
+
+ph_status_t ph_activity_pop_correlation(void) {
+  PH_OPTIONAL(activity_pop_correlation);
+}
+
+ph_status_t ph_activity_flush(void* records, size_t record_size,
+                              size_t capacity, size_t* out_count,
+                              uint64_t* out_dropped) {
+  if (out_count != nullptr) *out_count = 0;
+  if (out_dropped != nullptr) *out_dropped = 0;
+  PH_OPTIONAL(activity_flush, records, record_size, capacity, out_count,
+              out_dropped);
+}
+
 }  // extern "C"

@@ -87,7 +87,7 @@ extern "C" {
  * the runtime reads only the members its own header declares. A minor
  * only ever adds: table members and struct fields at the end, OPTIONAL
  * calls, flags. Anything else is a new major. */
-#define PH_HAL_ABI_VERSION 1004
+#define PH_HAL_ABI_VERSION 1005
 
 /* ------------------------------------------------------------------------ */
 /* Status codes                                                             */
@@ -738,6 +738,11 @@ PH_API ph_status_t ph_graph_destroy(ph_graph_t graph);
 PH_API ph_status_t ph_graph_debug_dump(ph_graph_t graph, const char* path);
 
 /* ------------------------------------------------------------------------ */
+/* Activity trace (OPTIONAL, ABI 1005): phantom/hal_activity.h              */
+/* ------------------------------------------------------------------------ */
+#include "hal_activity.h"
+
+/* ------------------------------------------------------------------------ */
 /* The driver table (since ABI 1003)                                        */
 /* ------------------------------------------------------------------------ */
 /*
@@ -855,6 +860,17 @@ typedef struct ph_driver_table {
   ph_status_t (*graph_exec_destroy)(ph_graph_exec_t exec);
   ph_status_t (*graph_destroy)(ph_graph_t graph);
   ph_status_t (*graph_debug_dump)(ph_graph_t graph, const char* path);
+
+  /* ABI 1005, all OPTIONAL: the activity trace (NULL: the profiler shows
+   * host activity only; see phantom/hal_activity.h). */
+  ph_status_t (*activity_enable)(void);
+  ph_status_t (*activity_disable)(void);
+  ph_status_t (*activity_get_timestamp)(uint64_t* out_ns);
+  ph_status_t (*activity_push_correlation)(uint64_t id);
+  ph_status_t (*activity_pop_correlation)(void);
+  ph_status_t (*activity_flush)(void* records, size_t record_size,
+                                size_t capacity, size_t* out_count,
+                                uint64_t* out_dropped);
 } ph_driver_table_t;
 
 /* The entry point's name, for dlsym. */
