@@ -80,15 +80,15 @@ def _device_indices(devices: Union[int, str, List[int]]) -> List[int]:
     if bad:
         raise ValueError(
             f"Trainer(accelerator={BACKEND_NAME!r}, devices={devices!r}) asks for "
-            f"phantom device(s) {bad}, but there are {count} "
+            f"{BACKEND_NAME} device(s) {bad}, but there are {count} "
             f"(PHANTOM_DEVICE_COUNT sets how many)"
         )
     if len(indices) != 1:
         raise ValueError(
             f"Trainer(accelerator={BACKEND_NAME!r}, devices={devices!r}) asks for "
-            f"{len(indices)} devices, but phantom has no distributed (c10d) "
+            f"{len(indices)} devices, but {BACKEND_NAME} has no distributed (c10d) "
             f"backend for Lightning to train across devices with; pass devices=1 "
-            f"or devices=[i] to train on phantom:i"
+            f"or devices=[i] to train on {BACKEND_NAME}:i"
         )
     return indices
 
@@ -163,7 +163,7 @@ def _chosen_device(trainer: Any) -> torch.device:
         raise RuntimeError(
             "torch_phantom.lightning: cannot find the devices this Trainer was "
             "given (this Lightning version keeps them elsewhere); pass "
-            "strategy=SingleDeviceStrategy(device='phantom:0') to Trainer"
+            f"strategy=SingleDeviceStrategy(device='{BACKEND_NAME}:0') to Trainer"
         )
     return torch.device(devices[0])
 
@@ -175,9 +175,9 @@ def _place_strategy_on_phantom(strategy: Any, trainer: Any) -> None:
     if root.type != "cpu" or not hasattr(strategy, "_root_device"):
         raise RuntimeError(
             f"torch_phantom.lightning: the Trainer's strategy "
-            f"{type(strategy).__name__} runs on {root}, not on phantom; pass "
+            f"{type(strategy).__name__} runs on {root}, not on {BACKEND_NAME}; pass "
             f"Trainer(accelerator={BACKEND_NAME!r}, devices=1) without a "
-            f"strategy, or a strategy built with device='phantom:0'"
+            f"strategy, or a strategy built with device='{BACKEND_NAME}:0'"
         )
     # Lightning's connector gives every single-device accelerator other than
     # CUDA, MPS and XLA the CPU as its strategy's device.

@@ -96,7 +96,7 @@ class Race:
     def __str__(self) -> str:
         if self.kind == "freed while in use":
             return (
-                f"phantom race detector: device memory {self.address:#x} was freed for "
+                f"{BACKEND_NAME} race detector: device memory {self.address:#x} was freed for "
                 f"reuse on {self.freed_stream_name} while another stream may still use "
                 f"it:\n  {self.previous.describe()}"
                 f"is not ordered before the free. After using a tensor on a stream it "
@@ -104,7 +104,7 @@ class Race:
                 f"the allocating stream wait for it (wait_stream) or synchronize it, "
                 f"before the tensor is freed.")
         return (
-            f"phantom race detector: possible data race on device memory "
+            f"{BACKEND_NAME} race detector: possible data race on device memory "
             f"{self.address:#x}:\n  {self.current.describe()}"
             f"is not ordered after\n  {self.previous.describe()}"
             f"Order them: make the second stream wait for the first "
