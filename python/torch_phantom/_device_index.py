@@ -8,9 +8,10 @@ A device argument is ``None``, an ``int``, a ``str`` or a ``torch.device``:
 - ``i``, ``"<name>:i"`` and ``torch.device("<name>", i)`` name device ``i``,
   which must exist (an index out of range is the runtime's error, naming
   the valid indices);
-- a negative ``int`` selects nothing where ``torch.cuda`` lets it
-  (``set_device(-1)``, ``device(-1)``, ``device_of`` a CPU tensor) and is
-  out of range everywhere else;
+- a negative ``int`` is ``torch.cuda``'s "no device": ``set_device(-1)``,
+  ``device(-1)`` and ``device_of`` a CPU tensor change nothing (and start
+  nothing), and every other function uses the current device, as
+  ``torch.cuda.synchronize(-1)`` and ``torch.cuda.Stream(-1)`` do;
 - any other type (a ``bool``, a ``float``, a stream) is a ``TypeError``, and
   a string or ``torch.device`` of another device type (``"cpu"``) a
   ``ValueError``, each saying what is accepted.
@@ -61,14 +62,14 @@ def parse(device: DeviceLike) -> Optional[int]:
 def device_index(device: DeviceLike, *, negative_selects_nothing: bool = False) -> int:
     """The index of the existing device ``device`` names (see the module's
     rule), starting the runtime lazily. With ``negative_selects_nothing``
-    a negative int returns -1, unchecked."""
+    (the setters) a negative int returns -1 and starts nothing."""
     from . import device_module
 
     index = parse(device)
-    if index is None:
-        return device_module.current_device()
-    if index < 0 and negative_selects_nothing:
+    if index is not None and index < 0 and negative_selects_nothing:
         return -1
+    if index is None or index < 0:
+        return device_module.current_device()
     device_module._lazy_init()
     if not -_DEVICE_INDEX_LIMIT <= index < _DEVICE_INDEX_LIMIT:
         count = _C._device_count()

@@ -197,8 +197,10 @@ def _external(stream_ptr: Any, device: _DeviceLike) -> Tuple[int, int]:
             f"{type(stream_ptr).__name__}"
         )
     _device_module()._lazy_init()
-    index = _devices.parse(device)  # None: the stream's own device
-    return tuple(_C._stream_from_handle(stream_ptr, -1 if index is None else index))
+    # None takes the stream's own device (the driver knows it); any other
+    # device argument follows the package's rule and must be the stream's.
+    index = -1 if device is None else _device_index(device)
+    return tuple(_C._stream_from_handle(stream_ptr, index))
 
 
 class ExternalStream(Stream):
