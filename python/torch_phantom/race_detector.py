@@ -46,6 +46,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import _gpu_trace
+from . import device_module as _dm  # torch.<name> (circular: used at call time)
 from ._name import BACKEND_NAME
 
 __all__ = ["enable", "disable", "is_enabled", "detecting", "Access", "Race",
@@ -227,7 +228,7 @@ class _Detector(TorchDispatchMode):
     # -- GPU trace callbacks (any thread, GIL held) --------------------------
 
     def allocated(self, address: int) -> None:
-        stream = torch.phantom.current_stream()
+        stream = _dm.current_stream()
         with self.lock:
             self.memory[address] = _Memory(stream.native_handle, _stream_name(stream))
 
@@ -286,7 +287,7 @@ class _Detector(TorchDispatchMode):
         return outputs
 
     def _launched(self, op: str, touched: Dict[int, List]) -> None:
-        current = torch.phantom.current_stream()
+        current = _dm.current_stream()
         stream, name = current.native_handle, _stream_name(current)
         stack = _user_stack()
         races: List[Race] = []
@@ -369,7 +370,7 @@ def enable(action: str = "error") -> None:
     if _active is not None:
         _active.action = action
         return
-    torch.phantom._lazy_init()
+    _dm._lazy_init()
     _activate_trace()
     detector = _Detector(action)
     detector.__enter__()
