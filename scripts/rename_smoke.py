@@ -59,6 +59,11 @@ def main() -> int:
     check(f"Tensor.{name}() and is_{name}",
           getattr(torch.ones(2), name)().device.type == name
           and getattr(x, f"is_{name}"))
+    linear = getattr(torch.nn.Linear(2, 2), name)()
+    with torch.autocast(name, dtype=torch.bfloat16):
+        out = linear(torch.ones(1, 2, device=name))
+    check(f"Module.{name}() and torch.autocast({name!r})",
+          out.dtype == torch.bfloat16 and out.device.type == name)
     count = module.device_count()
     check(f"torch.{name}.device_count()", count >= 1, str(count))
     module.synchronize()
