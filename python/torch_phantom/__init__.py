@@ -3,7 +3,9 @@
 Importing this package loads the C++ runtime (libphantom, through ``_C``),
 which registers the device with ATen, then renames PrivateUse1 to
 ``phantom``, installs ``torch.phantom`` and generates the ``Tensor.phantom()``,
-``Tensor.is_phantom`` and ``Module.phantom()`` methods. After that::
+``Tensor.is_phantom`` and ``Module.phantom()`` methods (a build with
+another ``PHANTOM_BACKEND_NAME`` uses that name instead: ``BACKEND_NAME``,
+docs/porting.md). After that::
 
     import torch, torch_phantom
     x = torch.randn(3, device="phantom")

@@ -211,11 +211,12 @@ def memory_snapshot(mempool_id=None, include_traces: bool = True) -> list:
     ``blocks`` of ``address``/``size``/``requested_size``/``state``/
     ``frames``; the frames are there while :func:`_record_memory_history`
     records). The history itself is in :func:`_snapshot`;
-    ``mempool_id`` must be None (memory pools come with graph capture)."""
+    ``mempool_id`` must be None (there is no ``MemPool``; graphs' private
+    pools are the graphs', docs/graphs.md)."""
     if mempool_id is not None:
         raise NotImplementedError(
-            f"memory_snapshot(mempool_id=...): {BACKEND_NAME} has no memory pools "
-            "yet (they come with graph capture); call memory_snapshot()"
+            f"memory_snapshot(mempool_id=...): {BACKEND_NAME} has no MemPool to "
+            "snapshot; call memory_snapshot()"
         )
     del include_traces  # the segments carry no traces (as on CUDA)
     return _C._memory_snapshot()
