@@ -77,13 +77,23 @@ CALLS = {
     "clock_rate": lambda d: P.clock_rate(d),
 }
 
+
+def _use_mem_pool(d):
+    with P.use_mem_pool(P.MemPool(), d):
+        pass
+
+
+if hasattr(P, "use_mem_pool"):  # memory pools (torch.phantom.MemPool)
+    CALLS["use_mem_pool"] = _use_mem_pool
+
 # Where torch.cuda lets a negative index select nothing.
 SELECT_NOTHING = {"set_device", "device"}
 
 
 def _public_functions_with_a_device_argument():
     found = set()
-    modules = [P] + [getattr(P, name) for name in ("memory", "streams", "random", "graphs")]
+    modules = [P] + [getattr(P, name) for name in ("memory", "streams", "random", "graphs")
+                     if hasattr(P, name)]
     for module in modules:
         for name in module.__all__:
             value = getattr(module, name)
