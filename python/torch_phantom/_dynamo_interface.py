@@ -65,7 +65,7 @@ class PhantomInterface(_di.DeviceInterface):
             # The package's rule for device arguments, with the worker's own
             # current device (a compile worker does not start the device).
             index = _parse_device(device)
-            if index is None:
+            if index is None or index < 0:
                 index = PhantomInterface.Worker.current_device()
             cached = _di.caching_worker_device_properties
             if BACKEND_NAME not in cached:
