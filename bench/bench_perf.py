@@ -116,7 +116,7 @@ def generic_path_calls(run):
     queued (async) or waited for (sync). Three uncounted runs warm up: an
     optimizer creates its state on its first step, and the generic path
     queues an op with a Python Meta kernel from the third call with the
-    same signature on (docs/architecture.md)."""
+    same signature on (docs/operators.md)."""
     for _ in range(3):
         run()
     torch.phantom.synchronize()
@@ -855,7 +855,7 @@ def main(argv=None):
         parser.error("--remake-every must be 0 (never) or a number of rounds")
     if not torch.phantom.is_available():
         sys.exit("phantom is not available: check PHANTOM_DEVICE_COUNT and "
-                 "PHANTOM_DEVICE_MEMORY (see docs/architecture.md, Settings)")
+                 "PHANTOM_DEVICE_MEMORY (see the README's settings table)")
 
     info = machine()
     print(f"{info['cpu_model']}, {info['cpu_count']} cores, torch {info['torch']} "

@@ -2,7 +2,7 @@
 
 Design. A program's first step is where every call signature is new: the
 step in which phantom's generic path learns each op's outputs (a trial run
-of the CPU kernel on the host, docs/architecture.md) and where anything
+of the CPU kernel on the host, docs/operators.md) and where anything
 that waits would drain the queue. This script builds each model of
 examples/train_models.py on phantom and on the CPU in one process, times
 its first step (forward, loss, backward, optimizer step, then a sync) on

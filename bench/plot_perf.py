@@ -6,7 +6,7 @@ docs/img/:
   perf_training.png  time per training step, phantom and CPU bars per model
 
     python bench/plot_perf.py [--results bench/results/perf.json]
-    python bench/plot_perf.py --markdown     # the tables of docs/performance.md
+    python bench/plot_perf.py --markdown     # the tables of docs/performance-results.md
 """
 
 import argparse

@@ -2,8 +2,10 @@
 # Every test, from a fresh machine: install, build the package and the
 # GoogleTest suites, run ctest (HAL conformance, fake driver, runtime), the
 # driver suites again under ASan+UBSan and TSan, the runtime suite under
-# ASan+UBSan, the HAL fuzzer for a minute, and pytest (user-facing
-# behaviour, PyTorch's OpInfo database, and the libraries people train with).
+# ASan+UBSan, the HAL fuzzer for a minute, the package built under another
+# backend name with a smoke test (RENAME_TEST=0 skips it), and pytest
+# (user-facing behaviour, PyTorch's OpInfo database, and the libraries
+# people train with).
 # Exits non-zero if any test fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,6 +22,12 @@ status=0
 (cd build/tests && ctest --output-on-failure -j2) || status=1
 bash scripts/test_sanitizers.sh || status=1
 bash scripts/test_fuzz.sh || status=1
+# The package built under another backend name, and a smoke test of it
+# (docs/porting.md, "Renaming the backend"): under a minute once the build
+# above has filled ccache. RENAME_TEST=0 skips it.
+if [ "${RENAME_TEST:-1}" != 0 ]; then
+  bash scripts/test_rename.sh || status=1
+fi
 # Run from the tests folder so the installed package, not the source tree,
 # is what gets imported.
 (cd tests/python && python3 -m pytest -q -p no:cacheprovider .) || status=1

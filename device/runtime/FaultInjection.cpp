@@ -83,7 +83,7 @@ struct Knob {
     if (from_environment.load(std::memory_order_relaxed)) {
       text += std::string(variable) + "=" + std::to_string(k);
     } else {
-      text += std::string("torch_phantom.faults.") + python_call + "(" +
+      text += std::string("torch_phantom.testing.faults.") + python_call + "(" +
               std::to_string(k) + ")";
     }
     return text + " armed it";

@@ -3,7 +3,9 @@
 Importing this package loads the C++ runtime (libphantom, through ``_C``),
 which registers the device with ATen, then renames PrivateUse1 to
 ``phantom``, installs ``torch.phantom`` and generates the ``Tensor.phantom()``,
-``Tensor.is_phantom`` and ``Module.phantom()`` methods. After that::
+``Tensor.is_phantom`` and ``Module.phantom()`` methods (a build with
+another ``PHANTOM_BACKEND_NAME`` uses that name instead: ``BACKEND_NAME``,
+docs/porting.md). After that::
 
     import torch, torch_phantom
     x = torch.randn(3, device="phantom")
@@ -27,13 +29,12 @@ _settings.check()
 from ._name import BACKEND_NAME  # noqa: E402
 from . import _C  # noqa: E402,F401  (loads libphantom: registers the backend)
 from . import device_module as _device_module  # noqa: E402
-from . import faults  # noqa: E402,F401  (also torch.phantom.faults)
 from . import _exit  # noqa: E402  (releases autograd's graph tasks at exit)
 from . import reductions as _reductions  # noqa: E402
 from .graphs import wrap_in_graph  # noqa: E402,F401  (HPU-graphs-style wrapper)
 from . import distributed  # noqa: E402,F401  (registers the "pccl" c10d backend)
 
-__all__ = ["BACKEND_NAME", "faults", "ops_report", "reset_ops_report"]
+__all__ = ["BACKEND_NAME", "ops_report", "reset_ops_report"]
 __version__ = "0.1.0"
 
 
@@ -47,7 +48,7 @@ def _register() -> None:
     # Stream`), as torch.cuda's submodules are.
     import sys
 
-    for name in ("memory", "streams", "random", "nvtx", "faults", "_gpu_trace",
+    for name in ("memory", "streams", "random", "nvtx", "_gpu_trace",
                  "race_detector"):
         sys.modules[f"torch.{BACKEND_NAME}.{name}"] = getattr(_device_module, name)
     torch.utils.generate_methods_for_privateuse1_backend(
@@ -84,7 +85,7 @@ def reset_ops_report() -> None:
 
 def _print_ops_report_at_exit() -> None:
     rows = ops_report()
-    print(f"phantom ops report: {len(rows)} ops")
+    print(f"{BACKEND_NAME} ops report: {len(rows)} ops")
     print(f"{'op':<48} {'native':>8} {'async':>8} {'sync':>8}  sync reason")
     for row in rows:
         print(f"{row['op']:<48} {row['native']:>8} {row['async']:>8} {row['sync']:>8}  "

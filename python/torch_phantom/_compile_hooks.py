@@ -103,7 +103,7 @@ def _run(hook: Callable, module) -> None:
         hook(module)
     except Exception as error:  # noqa: BLE001 - never break torch's import
         warnings.warn(
-            f"torch.compile cannot use the phantom device: registering it with "
+            f"torch.compile cannot use the {BACKEND_NAME} device: registering it with "
             f"{module.__name__} failed ({type(error).__name__}: {error})",
             RuntimeWarning,
             stacklevel=2,

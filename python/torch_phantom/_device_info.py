@@ -15,21 +15,9 @@ from typing import Tuple, Union
 import torch
 
 from . import _C
+from ._device_index import device_index as _index  # the one rule for device arguments
 
 _DeviceLike = Union[torch.device, str, int, None]
-
-
-def _index(device: _DeviceLike) -> int:
-    from .device_module import _get_device_index, _lazy_init
-
-    _lazy_init()
-    index = _get_device_index(device, optional=True)
-    if index < 0:
-        from .device_module import current_device
-
-        index = current_device()
-    _C._check_device(index)
-    return index
 
 
 class _PhantomDeviceProperties:

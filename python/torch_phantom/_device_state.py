@@ -27,14 +27,10 @@ from typing import Union
 import torch
 
 from . import _C
+from ._name import BACKEND_NAME
+from ._device_index import device_index as _index  # the one rule for device arguments
 
 _DeviceLike = Union[torch.device, str, int, None]
-
-
-def _index(device: _DeviceLike) -> int:
-    from ._device_info import _index as index_of
-
-    return index_of(device)
 
 
 def _measure(device: _DeviceLike, field: str, what: str) -> int:
@@ -48,7 +44,7 @@ def _measure(device: _DeviceLike, field: str, what: str) -> int:
             reason = "its driver has no such sensor (the fake driver has none)"
         else:
             reason = "its driver does not measure it"
-        raise NotImplementedError(f"phantom:{index} cannot report its {what}: {reason}")
+        raise NotImplementedError(f"{BACKEND_NAME}:{index} cannot report its {what}: {reason}")
     return value
 
 

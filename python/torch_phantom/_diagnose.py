@@ -33,6 +33,8 @@ import torch
 
 import torch_phantom
 from torch_phantom import _C, _settings
+from torch_phantom import device_module as _dm  # torch.<name>
+from torch_phantom._name import BACKEND_NAME
 
 def _size(nbytes: int) -> str:
     for unit, scale in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
@@ -61,9 +63,9 @@ def _device_lines(hal: dict) -> List[str]:
         return [f"none: {why}"]
     lines = []
     for index, props in enumerate(hal["devices"]):
-        free, _ = torch.phantom.mem_get_info(index)
+        free, _ = _dm.mem_get_info(index)
         lines.append(
-            f"phantom:{index}  {props['name']}: {_size(props['total_memory'])} "
+            f"{BACKEND_NAME}:{index}  {props['name']}: {_size(props['total_memory'])} "
             f"({_size(free)} free), {props['multi_processor_count']} compute units, "
             f"stream priorities {props['stream_priority_high']} (high) to "
             f"{props['stream_priority_low']} (low)")
@@ -100,11 +102,11 @@ def _setting_lines(hal: dict) -> List[str]:
     autoload = os.environ.get("TORCH_DEVICE_BACKEND_AUTOLOAD")
     lines.append(f"{'TORCH_DEVICE_BACKEND_AUTOLOAD':<30} "
                  f"{(repr(autoload) + ' (set)') if autoload is not None else 'default 1':<20} "
-                 f"0 stops `import torch` from loading phantom")
+                 f"0 stops `import torch` from loading {BACKEND_NAME}")
     known = {spec["name"] for spec in catalogue}
     for name in sorted(os.environ):
         if name.startswith("PHANTOM_") and name not in known:
-            lines.append(f"{name:<30} {os.environ[name]!r:<20} UNKNOWN: phantom does not read "
+            lines.append(f"{name:<30} {os.environ[name]!r:<20} UNKNOWN: {BACKEND_NAME} does not read "
                          f"it (a typo?)")
     return lines
 
@@ -112,11 +114,11 @@ def _setting_lines(hal: dict) -> List[str]:
 # --- Self-test ---------------------------------------------------------------
 
 def _check_allocation(device: torch.device) -> str:
-    before = torch.phantom.memory_allocated(device)
+    before = _dm.memory_allocated(device)
     block = torch.empty(1 << 20, dtype=torch.uint8, device=device)
-    during = torch.phantom.memory_allocated(device)
+    during = _dm.memory_allocated(device)
     del block
-    after = torch.phantom.memory_allocated(device)
+    after = _dm.memory_allocated(device)
     assert during >= before + (1 << 20), f"allocated bytes went from {before} to {during}"
     assert after == before, f"allocated bytes are {after} after the free, {before} before"
     return "1 MiB allocated and freed"
@@ -130,12 +132,12 @@ def _check_copies(device: torch.device) -> str:
     from_pinned = pinned.to(device, non_blocking=True)
     back = torch.empty_like(pinned).pin_memory()
     back.copy_(from_pinned, non_blocking=True)
-    torch.phantom.synchronize(device)
+    _dm.synchronize(device)
     assert torch.equal(back, host), "pinned host -> device -> host changed the data"
     assert torch.equal(on_device.clone().cpu(), host), "a copy on the device changed the data"
     done = "pageable and pinned, each way, and on the device"
-    if torch.phantom.device_count() > 1:
-        other = torch.device("phantom", (device.index + 1) % torch.phantom.device_count())
+    if _dm.device_count() > 1:
+        other = torch.device(BACKEND_NAME, (device.index + 1) % _dm.device_count())
         assert torch.equal(on_device.to(other).cpu(), host), f"{device} -> {other} changed the data"
         done += f", and {device} -> {other}"
     return done
@@ -156,22 +158,22 @@ def _check_default_stream(device: torch.device) -> str:
 def _check_side_stream(device: torch.device) -> str:
     a, _ = _operands()
     x = a.to(device)
-    side = torch.phantom.Stream(device=device)
-    side.wait_stream(torch.phantom.current_stream(device))
+    side = _dm.Stream(device=device)
+    side.wait_stream(_dm.current_stream(device))
     # A slow kernel first: the result is right only if the host and the
     # default stream really wait for the side stream.
     _C._sleep_on_stream(device.index, side.stream_id, 20.0)
-    with torch.phantom.stream(side):
+    with _dm.stream(side):
         y = x * 3 + 2
-    torch.phantom.current_stream(device).wait_stream(side)
+    _dm.current_stream(device).wait_stream(side)
     assert torch.equal(y.cpu(), a * 3 + 2), "a side stream's result differs from the CPU's"
     return "mul + add behind a 20 ms kernel, read after wait_stream"
 
 
 def _check_event_timing(device: torch.device) -> str:
-    start = torch.phantom.Event(enable_timing=True)
-    end = torch.phantom.Event(enable_timing=True)
-    stream = torch.phantom.current_stream(device)
+    start = _dm.Event(enable_timing=True)
+    end = _dm.Event(enable_timing=True)
+    stream = _dm.current_stream(device)
     start.record(stream)
     _C._sleep_on_stream(device.index, stream.stream_id, 10.0)
     end.record(stream)
@@ -220,7 +222,7 @@ def _run_check(name: str, check: Callable[[torch.device], str],
     try:
         detail = check(device)
         if device is not None:
-            torch.phantom.synchronize(device)  # a queued failure is this check's
+            _dm.synchronize(device)  # a queued failure is this check's
         ok = True
     except Exception as error:  # report it and go on with the other checks
         first = str(error).strip().splitlines()[0] if str(error).strip() else ""
@@ -237,17 +239,17 @@ def _self_test() -> List[str]:
     failed = []
 
     def available(_device):
-        count = torch.phantom.device_count()
+        count = _dm.device_count()
         if count == 0:
-            raise RuntimeError(_C._driver_error() or "no phantom devices: PHANTOM_DEVICE_COUNT is 0")
+            raise RuntimeError(_C._driver_error() or f"no {BACKEND_NAME} devices: PHANTOM_DEVICE_COUNT is 0")
         return f"{count} device(s)"
 
-    ok, label = _run_check("a phantom device is available", available, None)
+    ok, label = _run_check(f"a {BACKEND_NAME} device is available", available, None)
     if not ok:
         return [label]
-    for index in range(torch.phantom.device_count()):
-        device = torch.device("phantom", index)
-        with torch.phantom.device(device):
+    for index in range(_dm.device_count()):
+        device = torch.device(BACKEND_NAME, index)
+        with _dm.device(device):
             for name, check in _CHECKS:
                 if name == "training step" and index != 0:
                     continue  # once is enough: it feeds the ops report
@@ -293,13 +295,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     began = time.perf_counter()
     failed = _self_test()
     seconds = time.perf_counter() - began
-    if torch.phantom.device_count():
+    if _dm.device_count():
         print("\nOps report of the self-test (torch_phantom.ops_report())")
         for line in _ops_report_lines():
             print("  " + line)
     print()
     if failed:
-        print(f"phantom self-test FAILED ({seconds:.1f} s): {', '.join(failed)}")
+        print(f"{BACKEND_NAME} self-test FAILED ({seconds:.1f} s): {', '.join(failed)}")
         return 1
-    print(f"phantom self-test: all checks passed ({seconds:.1f} s)")
+    print(f"{BACKEND_NAME} self-test: all checks passed ({seconds:.1f} s)")
     return 0

@@ -2,9 +2,10 @@
 
 Dynamo traces device code through a per-device table of the runtime calls
 ``torch.cuda`` offers (current device and stream, guards, events,
-synchronize, properties). ``PhantomInterface`` fills that table from
-``torch.phantom``; it is registered for ``"phantom"`` and ``"phantom:<i>"``
-when this module is imported, which ``_compile_hooks`` does right after
+synchronize, properties). ``PhantomInterface`` fills that table from the
+device module (``torch.phantom``, or ``torch.<name>`` for a renamed build);
+it is registered for ``"<name>"`` and ``"<name>:<i>"`` when this module is
+imported, which ``_compile_hooks`` does right after
 ``torch._dynamo.device_interface`` is imported (never from
 ``import torch_phantom``).
 
@@ -21,6 +22,8 @@ import torch
 from torch._dynamo import device_interface as _di
 
 from . import _C
+from . import device_module as _dm
+from ._device_index import parse as _parse_device
 from ._name import BACKEND_NAME
 
 
@@ -33,21 +36,8 @@ class PhantomDeviceProperties(NamedTuple):
     type: str = BACKEND_NAME
 
 
-def _index(device: Any) -> int:
-    """The device index of ``device`` (None: the current device)."""
-    if device is None:
-        return torch.phantom.current_device()
-    if isinstance(device, str):
-        device = torch.device(device)
-    if isinstance(device, torch.device):
-        if device.type != BACKEND_NAME:
-            raise ValueError(f"expected a {BACKEND_NAME} device, got '{device}'")
-        return torch.phantom.current_device() if device.index is None else device.index
-    return int(device)
-
-
 def _properties(index: int) -> PhantomDeviceProperties:
-    torch.phantom._lazy_init()
+    _dm._lazy_init()
     properties = _C._device_properties(index)
     return PhantomDeviceProperties(
         **{field: properties[field] for field in PhantomDeviceProperties._fields
@@ -55,9 +45,9 @@ def _properties(index: int) -> PhantomDeviceProperties:
 
 
 class PhantomInterface(_di.DeviceInterface):
-    device = torch.phantom.device  # type: ignore[assignment]
-    Event = torch.phantom.Event  # type: ignore[assignment]
-    Stream = torch.phantom.Stream  # type: ignore[assignment]
+    device = _dm.device  # type: ignore[assignment]
+    Event = _dm.Event  # type: ignore[assignment]
+    Stream = _dm.Stream  # type: ignore[assignment]
 
     class Worker:
         @staticmethod
@@ -68,50 +58,51 @@ class PhantomInterface(_di.DeviceInterface):
         def current_device() -> int:
             if BACKEND_NAME in _di.caching_worker_current_devices:
                 return _di.caching_worker_current_devices[BACKEND_NAME]
-            return torch.phantom.current_device()
+            return _dm.current_device()
 
         @staticmethod
         def get_device_properties(device: Any = None) -> PhantomDeviceProperties:
-            if device is None:
+            # The package's rule for device arguments, with the worker's own
+            # current device (a compile worker does not start the device).
+            index = _parse_device(device)
+            if index is None or index < 0:
                 index = PhantomInterface.Worker.current_device()
-            else:
-                index = _index(device)
             cached = _di.caching_worker_device_properties
             if BACKEND_NAME not in cached:
                 cached[BACKEND_NAME] = [
-                    _properties(i) for i in range(torch.phantom.device_count())
+                    _properties(i) for i in range(_dm.device_count())
                 ]
             return cached[BACKEND_NAME][index]
 
-    current_device = staticmethod(torch.phantom.current_device)
-    set_device = staticmethod(torch.phantom.set_device)
-    device_count = staticmethod(torch.phantom.device_count)
-    stream = staticmethod(torch.phantom.stream)  # type: ignore[assignment]
-    current_stream = staticmethod(torch.phantom.current_stream)
-    set_stream = staticmethod(torch.phantom.set_stream)  # type: ignore[assignment]
-    synchronize = staticmethod(torch.phantom.synchronize)
-    memory_allocated = staticmethod(torch.phantom.memory_allocated)
+    current_device = staticmethod(_dm.current_device)
+    set_device = staticmethod(_dm.set_device)
+    device_count = staticmethod(_dm.device_count)
+    stream = staticmethod(_dm.stream)  # type: ignore[assignment]
+    current_stream = staticmethod(_dm.current_stream)
+    set_stream = staticmethod(_dm.set_stream)  # type: ignore[assignment]
+    synchronize = staticmethod(_dm.synchronize)
+    memory_allocated = staticmethod(_dm.memory_allocated)
 
     @staticmethod
     def is_available() -> bool:
-        return torch.phantom.is_available()
+        return _dm.is_available()
 
     @staticmethod
     def _set_stream_by_id(stream_id: int, device_index: int, device_type: int) -> None:
-        torch.phantom.set_stream(
-            torch.phantom.Stream(
+        _dm.set_stream(
+            _dm.Stream(
                 stream_id=stream_id, device_index=device_index, device_type=device_type
             )
         )
 
     @staticmethod
     def get_raw_stream(device_idx: int) -> int:
-        torch.phantom._lazy_init()
+        _dm._lazy_init()
         return _C._raw_stream(device_idx)
 
     @staticmethod
     def exchange_device(device: int) -> int:
-        torch.phantom._lazy_init()
+        _dm._lazy_init()
         return _C._exchange_device(device)
 
     @staticmethod
@@ -152,8 +143,8 @@ class PhantomInterface(_di.DeviceInterface):
 
 
 def register() -> None:
-    """Registers ``PhantomInterface`` for ``phantom`` and each
-    ``phantom:<i>``, as Dynamo registers CUDA's. Idempotent; run when this
+    """Registers ``PhantomInterface`` for the backend's name and each
+    ``<name>:<i>``, as Dynamo registers CUDA's. Idempotent; run when this
     module is imported."""
     _di.register_interface_for_device(BACKEND_NAME, PhantomInterface)
     for index in range(_C._device_count()):
@@ -176,7 +167,7 @@ def make_streams_traceable() -> None:
 
     from torch._dynamo.variables.user_defined import UserDefinedClassVariable
 
-    phantom = torch.phantom
+    phantom = _dm
     torch.compiler.allow_in_graph([
         phantom.current_stream,
         phantom.default_stream,

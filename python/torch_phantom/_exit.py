@@ -32,6 +32,7 @@ import os
 import torch
 
 from . import device_module
+from ._name import BACKEND_NAME
 
 
 def _autograd_device_threads_exist() -> bool:
@@ -58,7 +59,8 @@ def release_autograd_graph_tasks() -> None:
 
     for index in range(device_module.device_count()):
         try:
-            leaf = torch.zeros((), device=f"phantom:{index}", requires_grad=True)
+            leaf = torch.zeros((), device=torch.device(BACKEND_NAME, index),
+                               requires_grad=True)
             root = leaf * 1.0
             Variable._execution_engine.run_backward(
                 (root,), (torch.ones_like(root),), False, False, (), True, True)

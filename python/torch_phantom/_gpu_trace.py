@@ -15,21 +15,18 @@ from collections.abc import Callable
 
 from torch._utils import CallbackRegistry
 
-EventCreationCallbacks: "CallbackRegistry[int]" = CallbackRegistry("phantom event creation")
-EventDeletionCallbacks: "CallbackRegistry[int]" = CallbackRegistry("phantom event deletion")
-EventRecordCallbacks: "CallbackRegistry[int, int]" = CallbackRegistry("phantom event record")
-EventWaitCallbacks: "CallbackRegistry[int, int]" = CallbackRegistry("phantom event wait")
-MemoryAllocationCallbacks: "CallbackRegistry[int]" = CallbackRegistry(
-    "phantom memory allocation")
-MemoryDeallocationCallbacks: "CallbackRegistry[int]" = CallbackRegistry(
-    "phantom memory deallocation")
-StreamCreationCallbacks: "CallbackRegistry[int]" = CallbackRegistry("phantom stream creation")
-DeviceSynchronizationCallbacks: "CallbackRegistry[[]]" = CallbackRegistry(
-    "phantom device synchronization")
-StreamSynchronizationCallbacks: "CallbackRegistry[int]" = CallbackRegistry(
-    "phantom stream synchronization")
-EventSynchronizationCallbacks: "CallbackRegistry[int]" = CallbackRegistry(
-    "phantom event synchronization")
+from ._name import BACKEND_NAME
+
+EventCreationCallbacks: "CallbackRegistry[int]" = CallbackRegistry(f"{BACKEND_NAME} event creation")
+EventDeletionCallbacks: "CallbackRegistry[int]" = CallbackRegistry(f"{BACKEND_NAME} event deletion")
+EventRecordCallbacks: "CallbackRegistry[int, int]" = CallbackRegistry(f"{BACKEND_NAME} event record")
+EventWaitCallbacks: "CallbackRegistry[int, int]" = CallbackRegistry(f"{BACKEND_NAME} event wait")
+MemoryAllocationCallbacks: "CallbackRegistry[int]" = CallbackRegistry(f"{BACKEND_NAME} memory allocation")
+MemoryDeallocationCallbacks: "CallbackRegistry[int]" = CallbackRegistry(f"{BACKEND_NAME} memory deallocation")
+StreamCreationCallbacks: "CallbackRegistry[int]" = CallbackRegistry(f"{BACKEND_NAME} stream creation")
+DeviceSynchronizationCallbacks: "CallbackRegistry[[]]" = CallbackRegistry(f"{BACKEND_NAME} device synchronization")
+StreamSynchronizationCallbacks: "CallbackRegistry[int]" = CallbackRegistry(f"{BACKEND_NAME} stream synchronization")
+EventSynchronizationCallbacks: "CallbackRegistry[int]" = CallbackRegistry(f"{BACKEND_NAME} event synchronization")
 
 
 def register_callback_for_event_creation(cb: Callable[[int], None]) -> None:

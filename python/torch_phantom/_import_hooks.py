@@ -19,6 +19,8 @@ import sys
 import warnings
 from typing import Callable, Dict
 
+from ._name import BACKEND_NAME
+
 
 def _register_with_lightning(namespace: str) -> Callable[[], None]:
     def register() -> None:
@@ -41,7 +43,7 @@ def _run(module_name: str) -> None:
         _HOOKS[module_name]()
     except Exception as error:  # never break the library's own import
         warnings.warn(
-            f"torch_phantom could not register the phantom device with "
+            f"torch_phantom could not register the {BACKEND_NAME} device with "
             f"{module_name}: {type(error).__name__}: {error}",
             stacklevel=2,
         )

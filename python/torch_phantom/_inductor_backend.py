@@ -70,7 +70,7 @@ def argument_kinds(arg_types) -> str:
             kinds.append("i")
         else:
             raise NotImplementedError(
-                f"phantom's Inductor backend cannot pass a kernel argument of "
+                f"{BACKEND_NAME}'s Inductor backend cannot pass a kernel argument of "
                 f"C++ type {arg_type!r}"
             )
     return "".join(kinds)

@@ -14,6 +14,7 @@ import sys as _sys
 from typing import Any, Callable, Dict, List, Optional
 
 from . import _C
+from ._name import BACKEND_NAME
 
 _ENABLED = (None, "state", "all")
 _CONTEXT = {None: 0, "state": 1, "alloc": 2, "all": 3}  # c10 RecordContext
@@ -66,7 +67,7 @@ def _record_memory_history(
         raise TypeError(
             f"enabled={enabled!r}: pass \"all\" (history and state), \"state\" "
             "(live blocks only) or None (stop); the boolean form is CUDA's "
-            "legacy API, which phantom does not have"
+            f"legacy API, which {BACKEND_NAME} does not have"
         )
     if enabled not in _ENABLED:
         raise ValueError(
@@ -91,7 +92,7 @@ def _record_memory_history(
     if compile_context or global_record_annotations:
         raise NotImplementedError(
             "compile_context and global_record_annotations are not recorded "
-            "on phantom; leave them False"
+            f"on {BACKEND_NAME}; leave them False"
         )
     skipped = 0
     for action in skip_actions or []:

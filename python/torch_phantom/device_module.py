@@ -23,10 +23,11 @@ from typing import Union as _Union
 import torch as _torch
 
 from . import _C
-from . import faults, memory, nvtx, random, streams
+from . import memory, nvtx, random, streams
 from . import _gpu_trace  # torch.phantom._gpu_trace: what c10's GPU trace hooks call
 from . import race_detector
 from ._name import BACKEND_NAME as _BACKEND_NAME
+from ._device_index import device_index as _device_index
 from ._device_info import (
     can_device_access_peer,
     get_device_capability,
@@ -146,7 +147,7 @@ __all__ = [
     "device_memory_used", "memory_usage", "utilization", "temperature",
     "power_draw", "clock_rate",
     # Submodules
-    "memory", "streams", "random", "nvtx", "faults", "graphs",
+    "memory", "streams", "random", "nvtx", "graphs",
 ]
 
 _DeviceLike = _Union[_torch.device, str, int, None]
@@ -168,7 +169,7 @@ def is_available() -> bool:
 
 
 def device_count() -> int:
-    """Number of phantom devices (``PHANTOM_DEVICE_COUNT``, default 2)."""
+    """Number of devices the driver has (0 when it did not start)."""
     return _C._device_count()
 
 
@@ -196,7 +197,7 @@ def _lazy_init() -> None:
             _C._raise_bad_fork()  # the runtime's message (phantom/Device.h)
         if _C._device_count() == 0:
             reason = _C._driver_error() or "PHANTOM_DEVICE_COUNT is 0"
-            raise RuntimeError(f"no phantom device is available: {reason}")
+            raise RuntimeError(f"no {_BACKEND_NAME} device is available: {reason}")
         _C._init_runtime()  # registers the runtime's own fork handler
         _C._register_fork_handler()
         _initialized = True
@@ -209,28 +210,6 @@ def init() -> None:
     _lazy_init()
 
 
-def _get_device_index(device: _DeviceLike, optional: bool = False) -> int:
-    """The index named by ``device``; -1 for None when ``optional``."""
-    if device is None:
-        if optional:
-            return -1
-        return current_device()
-    if isinstance(device, int):
-        return device
-    if isinstance(device, str):
-        device = _torch.device(device)
-    if not isinstance(device, _torch.device):
-        raise TypeError(
-            f"expected a phantom device as an int, str or torch.device, "
-            f"got {type(device).__name__}"
-        )
-    if device.type != _BACKEND_NAME:
-        raise ValueError(f"expected a {_BACKEND_NAME} device, got '{device}'")
-    if device.index is None:
-        return -1 if optional else current_device()
-    return device.index
-
-
 def current_device() -> int:
     """The index of this thread's current phantom device (0 until set)."""
     _lazy_init()
@@ -238,18 +217,17 @@ def current_device() -> int:
 
 
 def set_device(device: _DeviceLike) -> None:
-    """Makes ``device`` current for this thread; None or -1 does nothing."""
-    index = _get_device_index(device, optional=True)
+    """Makes ``device`` current for this thread; a negative index does
+    nothing, and None names the current device (so changes nothing)."""
+    index = _device_index(device, negative_selects_nothing=True)
     if index >= 0:
-        _lazy_init()
         _C._set_device(index)
 
 
 def synchronize(device: _DeviceLike = None) -> None:
     """Waits for all work queued on every stream of ``device``; raises the
     error of any work that failed."""
-    _lazy_init()
-    _C._synchronize(_get_device_index(device))
+    _C._synchronize(_device_index(device))
 
 
 class device:
@@ -257,7 +235,7 @@ class device:
     previous device on exit, also when the block raises."""
 
     def __init__(self, device: _DeviceLike):
-        self.idx = _get_device_index(device, optional=True)
+        self.idx = _device_index(device, negative_selects_nothing=True)
         self.prev_idx = -1
 
     def __enter__(self):

@@ -16,6 +16,7 @@ from typing import Optional
 import torch
 
 from . import _C
+from . import device_module as _dm  # torch.<name> (circular: used at call time)
 
 __all__ = [
     "Graph",
@@ -56,10 +57,10 @@ _side_lock = threading.Lock()
 
 
 def _default_capture_stream() -> torch.Stream:
-    device = torch.phantom.current_device()
+    device = _dm.current_device()
     with _side_lock:
         if device not in _side_streams:
-            _side_streams[device] = torch.phantom.Stream(device)
+            _side_streams[device] = _dm.Stream(device)
         return _side_streams[device]
 
 
@@ -89,11 +90,11 @@ class graph:
         self._stream_ctx = None
 
     def __enter__(self) -> None:
-        torch.phantom.synchronize()
+        _dm.synchronize()
         gc.collect()
-        torch.phantom.empty_cache()
-        self.capture_stream.wait_stream(torch.phantom.current_stream())
-        self._stream_ctx = torch.phantom.stream(self.capture_stream)
+        _dm.empty_cache()
+        self.capture_stream.wait_stream(_dm.current_stream())
+        self._stream_ctx = _dm.stream(self.capture_stream)
         self._stream_ctx.__enter__()
         self.graph.graph_pool = self.pool
         self.graph.capture_error_mode = self.capture_error_mode
@@ -117,7 +118,7 @@ class graph:
             self._stream_ctx.__exit__(None, None, None)
             # Later work on the current stream sees what the capture's
             # stream did before it (nothing ran during the capture).
-            torch.phantom.current_stream().wait_stream(self.capture_stream)
+            _dm.current_stream().wait_stream(self.capture_stream)
 
 
 class _PhantomAsCuda:
@@ -129,15 +130,15 @@ class _PhantomAsCuda:
 
     @staticmethod
     def Stream(*args, **kwargs):  # noqa: N802 (torch.cuda's name)
-        return torch.phantom.Stream(*args, **kwargs)
+        return _dm.Stream(*args, **kwargs)
 
     @staticmethod
     def stream(s):
-        return torch.phantom.stream(s)
+        return _dm.stream(s)
 
     @staticmethod
     def synchronize(device=None):
-        torch.phantom.synchronize(device)
+        _dm.synchronize(device)
 
     @staticmethod
     def graph_pool_handle():

@@ -44,6 +44,7 @@ from typing import Any, Dict, List, Union
 
 import torch
 
+from . import device_module as _dm  # torch.<name>
 from ._name import BACKEND_NAME
 
 __all__ = ["NAMESPACES", "accelerator_class", "register", "PhantomAccelerator"]
@@ -58,7 +59,7 @@ def _device_indices(devices: Union[int, str, List[int]]) -> List[int]:
     """``devices=`` as phantom device indices: an int n is the first n
     devices (-1: all), a list names them, a string is either spelling
     ("1", "0,", "-1")."""
-    count = torch.phantom.device_count()
+    count = _dm.device_count()
     if isinstance(devices, str):
         text = devices.strip()
         if text == "auto":
@@ -80,15 +81,15 @@ def _device_indices(devices: Union[int, str, List[int]]) -> List[int]:
     if bad:
         raise ValueError(
             f"Trainer(accelerator={BACKEND_NAME!r}, devices={devices!r}) asks for "
-            f"phantom device(s) {bad}, but there are {count} "
+            f"{BACKEND_NAME} device(s) {bad}, but there are {count} "
             f"(PHANTOM_DEVICE_COUNT sets how many)"
         )
     if len(indices) != 1:
         raise ValueError(
             f"Trainer(accelerator={BACKEND_NAME!r}, devices={devices!r}) asks for "
-            f"{len(indices)} devices, but phantom has no distributed (c10d) "
+            f"{len(indices)} devices, but {BACKEND_NAME} has no distributed (c10d) "
             f"backend for Lightning to train across devices with; pass devices=1 "
-            f"or devices=[i] to train on phantom:i"
+            f"or devices=[i] to train on {BACKEND_NAME}:i"
         )
     return indices
 
@@ -106,13 +107,13 @@ def _build(namespace: str) -> type:
 
         @staticmethod
         def is_available() -> bool:
-            return torch.phantom.is_available()
+            return _dm.is_available()
 
         @staticmethod
         def auto_device_count() -> int:
             # "auto" means one device: there is no backend to train across
             # several (the module docstring).
-            return 1 if torch.phantom.is_available() else 0
+            return 1 if _dm.is_available() else 0
 
         @staticmethod
         def parse_devices(devices: Any) -> List[int]:
@@ -127,7 +128,7 @@ def _build(namespace: str) -> type:
             # CPU placeholder; setup() below moves the strategy to phantom
             # and calls it again with the phantom device.
             if device.type == BACKEND_NAME:
-                torch.phantom.set_device(device)
+                _dm.set_device(device)
 
         def setup(self, trainer: Any) -> None:
             strategy = trainer.strategy
@@ -136,10 +137,10 @@ def _build(namespace: str) -> type:
             _autocast_on_phantom(strategy, namespace)
 
         def get_device_stats(self, device: Any) -> Dict[str, Any]:
-            return torch.phantom.memory_stats(device)
+            return _dm.memory_stats(device)
 
         def teardown(self) -> None:
-            torch.phantom.empty_cache()
+            _dm.empty_cache()
 
         @classmethod
         def register_accelerators(cls, accelerator_registry: Any) -> None:
@@ -163,7 +164,7 @@ def _chosen_device(trainer: Any) -> torch.device:
         raise RuntimeError(
             "torch_phantom.lightning: cannot find the devices this Trainer was "
             "given (this Lightning version keeps them elsewhere); pass "
-            "strategy=SingleDeviceStrategy(device='phantom:0') to Trainer"
+            f"strategy=SingleDeviceStrategy(device='{BACKEND_NAME}:0') to Trainer"
         )
     return torch.device(devices[0])
 
@@ -175,9 +176,9 @@ def _place_strategy_on_phantom(strategy: Any, trainer: Any) -> None:
     if root.type != "cpu" or not hasattr(strategy, "_root_device"):
         raise RuntimeError(
             f"torch_phantom.lightning: the Trainer's strategy "
-            f"{type(strategy).__name__} runs on {root}, not on phantom; pass "
+            f"{type(strategy).__name__} runs on {root}, not on {BACKEND_NAME}; pass "
             f"Trainer(accelerator={BACKEND_NAME!r}, devices=1) without a "
-            f"strategy, or a strategy built with device='phantom:0'"
+            f"strategy, or a strategy built with device='{BACKEND_NAME}:0'"
         )
     # Lightning's connector gives every single-device accelerator other than
     # CUDA, MPS and XLA the CPU as its strategy's device.

@@ -21,6 +21,8 @@ from typing import Any, Dict, Iterator, Optional, Tuple, Union
 import torch as _torch
 
 from . import _C
+from ._device_index import device_index as _index  # the one rule for device arguments
+from ._name import BACKEND_NAME
 from ._memory_history import (  # noqa: F401  (torch.cuda.memory's private API)
     _attach_out_of_memory_observer,
     _dump_snapshot,
@@ -62,17 +64,6 @@ __all__ = [
 ]
 
 _DeviceLike = Union[_torch.device, str, int, None]
-
-
-def _index(device: _DeviceLike) -> int:
-    """The index ``device`` names (None: the current device), after lazy
-    initialisation and a range check."""
-    from .device_module import _get_device_index, _lazy_init
-
-    _lazy_init()
-    index = _get_device_index(device)
-    _C._check_device(index)
-    return index
 
 
 def _flatten(nested: Dict[str, Any]) -> "_OrderedDict[str, Any]":
@@ -155,8 +146,8 @@ def reset_accumulated_memory_stats(device: _DeviceLike = None) -> None:
 def memory_cached(device: _DeviceLike = None) -> int:
     """Deprecated name of :func:`memory_reserved` (warns, as on CUDA)."""
     _warnings.warn(
-        "`torch.phantom.memory_cached` has been renamed to "
-        "`torch.phantom.memory_reserved`",
+        f"`torch.{BACKEND_NAME}.memory_cached` has been renamed to "
+        f"`torch.{BACKEND_NAME}.memory_reserved`",
         FutureWarning,
         stacklevel=2,
     )
@@ -166,8 +157,8 @@ def memory_cached(device: _DeviceLike = None) -> int:
 def max_memory_cached(device: _DeviceLike = None) -> int:
     """Deprecated name of :func:`max_memory_reserved` (warns, as on CUDA)."""
     _warnings.warn(
-        "`torch.phantom.max_memory_cached` has been renamed to "
-        "`torch.phantom.max_memory_reserved`",
+        f"`torch.{BACKEND_NAME}.max_memory_cached` has been renamed to "
+        f"`torch.{BACKEND_NAME}.max_memory_reserved`",
         FutureWarning,
         stacklevel=2,
     )
@@ -178,8 +169,8 @@ def reset_max_memory_allocated(device: _DeviceLike = None) -> None:
     """Deprecated: calls :func:`reset_peak_memory_stats`, which resets every
     peak statistic, and warns so (as on CUDA)."""
     _warnings.warn(
-        "torch.phantom.reset_max_memory_allocated now calls "
-        "torch.phantom.reset_peak_memory_stats, which resets /all/ peak "
+        f"torch.{BACKEND_NAME}.reset_max_memory_allocated now calls "
+        f"torch.{BACKEND_NAME}.reset_peak_memory_stats, which resets /all/ peak "
         "memory stats.",
         FutureWarning,
         stacklevel=2,
@@ -191,8 +182,8 @@ def reset_max_memory_cached(device: _DeviceLike = None) -> None:
     """Deprecated: calls :func:`reset_peak_memory_stats`, which resets every
     peak statistic, and warns so (as on CUDA)."""
     _warnings.warn(
-        "torch.phantom.reset_max_memory_cached now calls "
-        "torch.phantom.reset_peak_memory_stats, which resets /all/ peak "
+        f"torch.{BACKEND_NAME}.reset_max_memory_cached now calls "
+        f"torch.{BACKEND_NAME}.reset_peak_memory_stats, which resets /all/ peak "
         "memory stats.",
         FutureWarning,
         stacklevel=2,
@@ -262,9 +253,9 @@ def memory_summary(device: _DeviceLike = None, abbreviated: bool = False) -> str
     rule, thin = "=" * 75, "-" * 75
     lines = [
         rule,
-        f" {'':16} PyTorch phantom memory summary, device ID {index:<14d} ",
+        f" {'':16} PyTorch {BACKEND_NAME} memory summary, device ID {index:<14d} ",
         thin,
-        f"  {'':6} phantom OOMs: {stats['num_ooms']:<12d} | {'':3} "
+        f"  {'':6} {BACKEND_NAME} OOMs: {stats['num_ooms']:<12d} | {'':3} "
         f"driver alloc retries: {stats['num_alloc_retries']:<8d}   ",
         rule,
         "        Metric         | Cur Usage  | Peak Usage | Tot Alloc  | Tot Freed  ",
@@ -313,8 +304,8 @@ def list_gpu_processes(device: _DeviceLike = None) -> str:
     index = _index(device)
     used_mib = _C._device_memory_used(index) / (1024 * 1024)
     return (
-        f"phantom:{index}\n"
-        f"process {_os.getpid():>10d} uses {used_mib:>12.3f} MB phantom memory"
+        f"{BACKEND_NAME}:{index}\n"
+        f"process {_os.getpid():>10d} uses {used_mib:>12.3f} MB {BACKEND_NAME} memory"
     )
 
 
@@ -393,15 +384,15 @@ def caching_allocator_alloc(size: int, device: _DeviceLike = None, stream=None) 
         _check_stream(stream)
         if stream.device_index != index:
             raise ValueError(
-                f"the stream is on phantom:{stream.device_index}, not on "
-                f"phantom:{index}; pass a stream of the device"
+                f"the stream is on {BACKEND_NAME}:{stream.device_index}, not on "
+                f"{BACKEND_NAME}:{index}; pass a stream of the device"
             )
         stream_id = stream.stream_id
     elif isinstance(stream, int) and not isinstance(stream, bool):
         stream_id, _ = _C._stream_from_handle(stream, index)
     else:
         raise TypeError(
-            "Invalid type for stream argument, must be `torch.phantom.Stream` "
+            f"Invalid type for stream argument, must be `torch.{BACKEND_NAME}.Stream` "
             "or `int` representing a driver stream handle (ph_stream_t), got "
             f"{type(stream).__name__}"
         )

@@ -19,6 +19,7 @@ from typing import Iterator, Optional, Tuple, Union
 import torch
 
 from . import _C
+from ._name import BACKEND_NAME
 
 __all__ = ["MemPool", "use_mem_pool"]
 
@@ -36,13 +37,14 @@ class MemPool:
                  no_split: bool = False) -> None:
         if allocator is not None:
             raise NotImplementedError(
-                "torch.phantom.MemPool(allocator=...): phantom pools take their "
-                "memory from the device driver; custom allocators are not "
-                "supported. Call MemPool() without an allocator."
+                f"torch.{BACKEND_NAME}.MemPool(allocator=...): {BACKEND_NAME} "
+                "pools take their memory from the device driver; custom "
+                "allocators are not supported. Call MemPool() without an "
+                "allocator."
             )
         if use_on_oom:
             raise NotImplementedError(
-                "torch.phantom.MemPool(use_on_oom=True) is not supported: a "
+                f"torch.{BACKEND_NAME}.MemPool(use_on_oom=True) is not supported: a "
                 "pool's free memory is not lent to allocations outside it. "
                 "Call MemPool() without use_on_oom."
             )
@@ -68,7 +70,9 @@ class MemPool:
 
     def snapshot(self) -> list:
         """The pool's segments, as ``torch.phantom.memory_snapshot()``."""
-        return torch.phantom.memory_snapshot(mempool_id=self._id)
+        from .memory import memory_snapshot
+
+        return memory_snapshot(mempool_id=self._id)
 
     def __del__(self) -> None:
         pool_id = getattr(self, "_id", None)
@@ -85,8 +89,8 @@ def use_mem_pool(pool: MemPool,
     Other threads, and other devices, allocate as usual."""
     if not isinstance(pool, MemPool):
         raise TypeError(
-            f"use_mem_pool expects a torch.phantom.MemPool, got "
-            f"{type(pool).__name__}; create one with torch.phantom.MemPool()"
+            f"use_mem_pool expects a torch.{BACKEND_NAME}.MemPool, got "
+            f"{type(pool).__name__}; create one with torch.{BACKEND_NAME}.MemPool()"
         )
     from .memory import _index
 

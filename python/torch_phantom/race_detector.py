@@ -46,6 +46,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import _gpu_trace
+from . import device_module as _dm  # torch.<name> (circular: used at call time)
 from ._name import BACKEND_NAME
 
 __all__ = ["enable", "disable", "is_enabled", "detecting", "Access", "Race",
@@ -96,7 +97,7 @@ class Race:
     def __str__(self) -> str:
         if self.kind == "freed while in use":
             return (
-                f"phantom race detector: device memory {self.address:#x} was freed for "
+                f"{BACKEND_NAME} race detector: device memory {self.address:#x} was freed for "
                 f"reuse on {self.freed_stream_name} while another stream may still use "
                 f"it:\n  {self.previous.describe()}"
                 f"is not ordered before the free. After using a tensor on a stream it "
@@ -104,7 +105,7 @@ class Race:
                 f"the allocating stream wait for it (wait_stream) or synchronize it, "
                 f"before the tensor is freed.")
         return (
-            f"phantom race detector: possible data race on device memory "
+            f"{BACKEND_NAME} race detector: possible data race on device memory "
             f"{self.address:#x}:\n  {self.current.describe()}"
             f"is not ordered after\n  {self.previous.describe()}"
             f"Order them: make the second stream wait for the first "
@@ -227,7 +228,7 @@ class _Detector(TorchDispatchMode):
     # -- GPU trace callbacks (any thread, GIL held) --------------------------
 
     def allocated(self, address: int) -> None:
-        stream = torch.phantom.current_stream()
+        stream = _dm.current_stream()
         with self.lock:
             self.memory[address] = _Memory(stream.native_handle, _stream_name(stream))
 
@@ -286,7 +287,7 @@ class _Detector(TorchDispatchMode):
         return outputs
 
     def _launched(self, op: str, touched: Dict[int, List]) -> None:
-        current = torch.phantom.current_stream()
+        current = _dm.current_stream()
         stream, name = current.native_handle, _stream_name(current)
         stack = _user_stack()
         races: List[Race] = []
@@ -369,7 +370,7 @@ def enable(action: str = "error") -> None:
     if _active is not None:
         _active.action = action
         return
-    torch.phantom._lazy_init()
+    _dm._lazy_init()
     _activate_trace()
     detector = _Detector(action)
     detector.__enter__()

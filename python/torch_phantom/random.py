@@ -1,12 +1,15 @@
-"""Random number generation on phantom devices (``torch.phantom.manual_seed``
-and friends). Each device has a default generator; with the same seed a
-phantom device draws the same numbers as the CPU (see docs/random.md)."""
+"""Random number generation on the backend's devices (``torch.phantom.manual_seed``
+and friends; ``torch.<name>`` when the build renames the backend). Each
+device has a default generator; with the same seed a device draws the same
+numbers as the CPU (see docs/random.md)."""
 
-from typing import Iterable, List, Union
+from typing import Iterable, List
 
 import torch
 
 from . import _C
+from ._device_index import DeviceLike as _DeviceLike
+from ._device_index import device_index as _index  # the one rule for device arguments
 
 __all__ = [
     "default_generator",
@@ -21,16 +24,8 @@ __all__ = [
     "set_rng_state_all",
 ]
 
-_DeviceLike = Union[torch.device, str, int]
 
-
-def _index(device: _DeviceLike) -> int:
-    from .device_module import _get_device_index
-
-    return _get_device_index(device)
-
-
-def default_generator(device: _DeviceLike = "phantom") -> torch.Generator:
+def default_generator(device: _DeviceLike = None) -> torch.Generator:
     """The default generator of ``device`` (the current device by default):
     what random ops on it draw from unless given a generator."""
     return _C._default_generator(_index(device))
@@ -64,13 +59,15 @@ def initial_seed() -> int:
     return default_generator().initial_seed()
 
 
-def get_rng_state(device: _DeviceLike = "phantom") -> torch.Tensor:
-    """The generator state of ``device`` as a CPU ByteTensor."""
+def get_rng_state(device: _DeviceLike = None) -> torch.Tensor:
+    """The generator state of ``device`` (the current device by default) as a
+    CPU ByteTensor."""
     return default_generator(device).get_state()
 
 
-def set_rng_state(new_state: torch.Tensor, device: _DeviceLike = "phantom") -> None:
-    """Restores the generator state of ``device`` from ``new_state`` (a
+def set_rng_state(new_state: torch.Tensor, device: _DeviceLike = None) -> None:
+    """Restores the generator state of ``device`` (the current device by
+    default) from ``new_state`` (a
     ByteTensor from :func:`get_rng_state`)."""
     default_generator(device).set_state(new_state.cpu())
 

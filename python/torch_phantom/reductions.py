@@ -48,7 +48,7 @@ def _in_queue_feeder() -> bool:
 def _raise_in_receiver(kind: str, message: str):
     error = NotImplementedError if kind == "NotImplementedError" else RuntimeError
     raise error(
-        f"the sending process could not send a phantom tensor or event: {message}"
+        f"the sending process could not send a {BACKEND_NAME} tensor or event: {message}"
     )
 
 
@@ -57,7 +57,7 @@ def _unsendable(error: Exception):
     kind = type(error).__name__
     message = str(error)
     warnings.warn(
-        f"a phantom tensor put on a multiprocessing Queue cannot be sent "
+        f"a {BACKEND_NAME} tensor put on a multiprocessing Queue cannot be sent "
         f"(the receiver's get() raises this): {message}",
         RuntimeWarning,
     )

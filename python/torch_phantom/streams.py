@@ -22,11 +22,12 @@ any phantom stream's driver handle.
 """
 
 import threading
-from typing import Any, List, Optional, Tuple, Union
+from typing import Any, List, Optional, Tuple
 
 import torch
 
 from . import _C
+from . import _device_index as _devices  # the one rule for device arguments
 from ._name import BACKEND_NAME
 
 __all__ = [
@@ -41,7 +42,8 @@ __all__ = [
     "stream",
 ]
 
-_DeviceLike = Union[torch.device, str, int, None]
+_DeviceLike = _devices.DeviceLike
+_device_index = _devices.device_index
 
 # The id of each device's default stream: the c10 convention, which the
 # runtime follows (device/runtime/phantom/Stream.h).
@@ -57,18 +59,6 @@ def _device_module():
     from . import device_module
 
     return device_module
-
-
-def _device_index(device: _DeviceLike) -> int:
-    """The phantom device index ``device`` names (None: the current one),
-    after lazy initialisation and a range check."""
-    dm = _device_module()
-    dm._lazy_init()
-    index = dm._get_device_index(device, optional=True)
-    if index < 0:  # None, -1 or "phantom": the current device, as in CUDA
-        return dm.current_device()
-    _C._check_device(index)
-    return index
 
 
 def _check_stream(stream: Any, what: str = "stream") -> torch.Stream:
@@ -206,9 +196,10 @@ def _external(stream_ptr: Any, device: _DeviceLike) -> Tuple[int, int]:
             "expected the driver stream handle (ph_stream_t) as an int, got "
             f"{type(stream_ptr).__name__}"
         )
-    dm = _device_module()
-    dm._lazy_init()
-    index = dm._get_device_index(device, optional=True)
+    _device_module()._lazy_init()
+    # None takes the stream's own device (the driver knows it); any other
+    # device argument follows the package's rule and must be the stream's.
+    index = -1 if device is None else _device_index(device)
     return tuple(_C._stream_from_handle(stream_ptr, index))
 
 

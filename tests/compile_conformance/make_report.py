@@ -1,5 +1,5 @@
 """Turns report.json (written by a complete run of the compile conformance
-suite) into the results block of docs/compile.md.
+suite) into the results block of docs/conformance-report.md.
 
     python tests/compile_conformance/make_report.py [--report PATH]
 
@@ -17,7 +17,7 @@ from collections import defaultdict
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-DOC = os.path.join(ROOT, "docs", "compile.md")
+DOC = os.path.join(ROOT, "docs", "conformance-report.md")
 BEGIN = "<!-- BEGIN COMPILE CONFORMANCE RESULTS -->"
 END = "<!-- END COMPILE CONFORMANCE RESULTS -->"
 

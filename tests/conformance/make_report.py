@@ -1,8 +1,8 @@
 """Turns report.json (written by a full conformance run) into the markdown
-table of docs/conformance.md and, on request, into a new
+report of docs/conformance-report.md and, on request, into a new
 expected_failures.json.
 
-    python tests/conformance/make_report.py            # rewrite the docs table
+    python tests/conformance/make_report.py            # rewrite docs/conformance-report.md
     python tests/conformance/make_report.py --expected # also rewrite the list
 
 ``--expected`` lists every test of the report that did not pass: failures
@@ -21,7 +21,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 REPORT = os.path.join(HERE, "report.json")
 EXPECTED = os.path.join(HERE, "expected_failures.json")
-DOC = os.path.join(ROOT, "docs", "conformance.md")
+DOC = os.path.join(ROOT, "docs", "conformance-report.md")
 BEGIN = "<!-- BEGIN GENERATED REPORT (tests/conformance/make_report.py) -->"
 END = "<!-- END GENERATED REPORT -->"
 

@@ -19,6 +19,7 @@ import textwrap  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 import torch_phantom  # noqa: E402,F401
+from torch_phantom.testing import faults  # noqa: E402
 
 DEVICE_COUNT = int(os.environ["PHANTOM_DEVICE_COUNT"])
 
@@ -44,11 +45,11 @@ def slow_kernel_on(stream, microseconds=30000):
     injector's latency), so that work queued after it is still pending."""
     warm = torch.ones(8, device="phantom")
     with torch.phantom.stream(stream):
-        torch.phantom.faults.set_latency_us(microseconds)
+        faults.set_latency_us(microseconds)
         try:
             warm * 2
         finally:
-            torch.phantom.faults.set_latency_us(0)
+            faults.set_latency_us(0)
 
 
 @pytest.fixture(autouse=True)

@@ -1,6 +1,8 @@
 """The shape of ``torch.phantom`` as users browse it: ``__all__`` lists
 exactly its public names, each documented; ``help()`` shows those and not
-the module's imports; docs/api-coverage.md matches torch.cuda's names."""
+the module's imports; docs/api-coverage.md matches torch.cuda's names. The
+testing helpers (``torch_phantom.testing``, with fault injection) are held
+to the same rules, outside the device module."""
 
 import inspect
 import pydoc
@@ -8,9 +10,23 @@ import pydoc
 import pytest
 import torch
 
+import torch_phantom.testing
+
 import api_coverage
 
-SUBMODULES = ["memory", "streams", "random", "nvtx", "faults", "race_detector"]
+SUBMODULES = ["memory", "streams", "random", "nvtx", "race_detector"]
+# Modules of the package outside torch.phantom, by the name users import.
+PACKAGE_MODULES = {
+    "torch_phantom.testing": torch_phantom.testing,
+    "torch_phantom.testing.faults": torch_phantom.testing.faults,
+}
+
+
+def all_modules():
+    """(the name users write, module) of every public module but torch.phantom."""
+    for name in SUBMODULES:
+        yield f"torch.phantom.{name}", getattr(torch.phantom, name)
+    yield from PACKAGE_MODULES.items()
 
 
 def public_names(module):
@@ -26,9 +42,9 @@ def test_all_lists_exactly_the_public_names():
         assert getattr(torch.phantom, name) is not None, name
 
 
-@pytest.mark.parametrize("module_name", SUBMODULES)
-def test_submodules_list_their_public_functions(module_name):
-    module = getattr(torch.phantom, module_name)
+@pytest.mark.parametrize("module_name,module", list(all_modules()),
+                         ids=[name for name, _ in all_modules()])
+def test_submodules_list_their_public_functions(module_name, module):
     defined_here = {
         name for name, value in vars(module).items()
         if not name.startswith("_") and getattr(value, "__module__", None) == module.__name__
@@ -48,10 +64,9 @@ def documented_objects():
                 for attr, member in vars(value).items():
                     if not attr.startswith("_") and inspect.isfunction(member):
                         yield f"torch.phantom.{name}.{attr}", member
-    for module_name in SUBMODULES:
-        module = getattr(torch.phantom, module_name)
+    for module_name, module in all_modules():
         for name in module.__all__:
-            yield f"torch.phantom.{module_name}.{name}", getattr(module, name)
+            yield f"{module_name}.{name}", getattr(module, name)
 
 
 def test_every_public_function_class_and_method_has_a_docstring():

@@ -11,7 +11,7 @@ them runs correctly. Work that does not depend on the failure succeeds.
 
 The property test at the end builds random graphs of streams, events,
 waits and copies, injects a fault at a random kernel
-(torch_phantom.faults) and checks every consumer against a model.
+(torch_phantom.testing.faults) and checks every consumer against a model.
 """
 
 import os
@@ -20,7 +20,7 @@ import re
 
 import pytest
 import torch
-from torch_phantom import faults
+from torch_phantom.testing import faults
 
 from test_streams import sleep_on
 

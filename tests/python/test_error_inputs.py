@@ -7,7 +7,7 @@ and a message that matches the OpInfo's regex (or, where the CPU's own
 message does not, the CPU's message), and leave nothing queued that fails
 later: a Python Meta kernel or a native kernel that misses a check must not
 turn an argument error into a stream error at the next sync
-(docs/architecture.md, "trial run", "Native kernels"). Inputs the CPU
+(docs/operators.md, "trial run", "Native kernels"). Inputs the CPU
 accepts (some error inputs are for other devices) are skipped."""
 import re
 import warnings

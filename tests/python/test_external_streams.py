@@ -14,6 +14,7 @@ import os
 import pytest
 import torch
 import torch_phantom
+from torch_phantom.testing import faults
 
 _driver = ctypes.CDLL(os.path.join(os.path.dirname(torch_phantom.__file__), "libphantom_fake.so"))
 _driver.ph_last_error_message.restype = ctypes.c_char_p
@@ -128,7 +129,7 @@ def test_a_forged_stream_id_is_refused():
 def test_a_failure_on_an_external_stream_is_reported_and_the_stream_kept():
     owned = DriverStream()
     stream = torch.phantom.ExternalStream(owned.handle)
-    with torch.phantom.faults.inject(kernel=1):
+    with faults.inject(kernel=1):
         with torch.phantom.stream(stream):
             torch.empty(4, device="phantom").fill_(1)  # one kernel: it fails
     with pytest.raises(torch.AcceleratorError, match="injected"):

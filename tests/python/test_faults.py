@@ -1,4 +1,4 @@
-"""Fault injection (torch_phantom.faults, docs/fault-injection.md).
+"""Fault injection (torch_phantom.testing.faults, docs/fault-injection.md).
 
 What a user relies on:
 - the k-th device allocation fails as a real out-of-memory would
@@ -19,7 +19,7 @@ import gc
 import pytest
 import torch
 import torch_phantom
-from torch_phantom import faults
+from torch_phantom.testing import faults
 
 from conftest import run_python
 
@@ -50,9 +50,16 @@ def assert_device_works(device="phantom"):
 # --------------------------------------------------------------------------
 
 
-def test_module_is_also_torch_phantom_faults():
-    assert torch.phantom.faults is faults
-    assert torch_phantom.faults is faults
+def test_fault_injection_is_a_testing_tool_not_device_api():
+    # The knobs live with the other testing helpers; the device module and
+    # the package's top level keep only what a program running on the
+    # device uses.
+    import torch_phantom.testing
+
+    assert torch_phantom.testing.faults is faults
+    assert "faults" in torch_phantom.testing.__all__
+    assert not hasattr(torch.phantom, "faults")
+    assert not hasattr(torch_phantom, "faults")
 
 
 def test_the_kth_allocation_is_an_injected_out_of_memory_error():
@@ -184,7 +191,8 @@ def test_latency_shows_a_pinned_source_reused_before_its_copy_ran():
 
 ENV_KNOBS = """
 import torch, torch_phantom
-print("latency:", torch_phantom.faults.latency_us())
+from torch_phantom.testing import faults
+print("latency:", faults.latency_us())
 a = torch.empty(10, device="phantom")  # allocation 1
 try:
     torch.empty(10, device="phantom")  # allocation 2: fails

@@ -2,7 +2,7 @@
 
 Each test runs its program in a new Python process, because what is tested
 is the first call of each op with a call signature, which the generic path
-handles once per process (docs/architecture.md, "Remembered outputs").
+handles once per process (docs/operators.md, "The generic path").
 """
 import json
 import subprocess

@@ -5,7 +5,7 @@ and nothing is left queued that fails at the next sync.
 
 A native kernel queues the CPU's implementation; one that took a dtype the
 implementation refuses would fail later, on the stream, and its result
-would read as garbage (docs/architecture.md, "Native kernels"). The ops
+would read as garbage (docs/operators.md, "Native kernels"). The ops
 come from the dispatcher (every aten op with a PrivateUse1 kernel), so a new
 native kernel fails test_every_registered_kernel_is_covered until a call
 template below covers it.

@@ -533,6 +533,7 @@ def _native_calls(op_name):
 
 
 import torch_phantom  # noqa: E402
+from torch_phantom.testing import faults  # noqa: E402
 
 
 @pytest.mark.parametrize("case", [
@@ -581,13 +582,13 @@ def test_hot_elementwise_cpu_scalars_promote_as_on_cpu_and_are_read_at_the_call(
     torch.phantom.synchronize()
     y = torch.randn(1000, device="phantom")
     with torch.phantom.stream(torch.phantom.Stream()):
-        torch.phantom.faults.set_latency_us(20000)  # the kernel runs late
+        faults.set_latency_us(20000)  # the kernel runs late
         try:
             value = torch.tensor(3.0)
             out = y * value
             value.fill_(-1.0)
         finally:
-            torch.phantom.faults.set_latency_us(0)
+            faults.set_latency_us(0)
     torch.phantom.synchronize()
     assert torch.equal(out.cpu(), y.cpu() * 3.0)
 

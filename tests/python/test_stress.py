@@ -19,7 +19,7 @@ back (an event chain across devices), through copies. It must then fail,
 at the latest at its final read-back, with that op's error naming the
 stream it was queued on; a chain that completes is a failure of the test.
 Meanwhile a chaos thread arms the kernel fault injector
-(torch_phantom.faults.fail_kernel(k), a new k each time), so faults also
+(torch_phantom.testing.faults.fail_kernel(k), a new k each time), so faults also
 land at random kernels of any thread. Every error a thread sees must be
 explained: its own failed op, or an injected fault on one of its own
 streams; an error reaching another thread's work is a failure. After an
@@ -52,7 +52,7 @@ import threading
 import time
 
 import torch
-from torch_phantom import faults
+from torch_phantom.testing import faults
 
 P = torch.phantom
 THREADS = 4
@@ -62,7 +62,7 @@ DEVICE_ERROR_RATE = 0.01  # per op: queue an op that fails on the device
 SHRUNK_VIEW_RATE = 0.01   # per op, in the child: a view past its storage
 QUEUED_ON = re.compile(r"\(queued on phantom:(\d+) stream_id=(\d+)\)")
 INJECTED = re.compile(r"injected device fault: kernel #\d+ since "
-                      r"torch_phantom\.faults\.fail_kernel\((\d+)\)")
+                      r"torch_phantom\.testing\.faults\.fail_kernel\((\d+)\)")
 
 
 def _settings():

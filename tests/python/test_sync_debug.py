@@ -11,6 +11,7 @@ import warnings
 
 import pytest
 import torch
+from torch_phantom.testing import faults
 
 
 @pytest.fixture(autouse=True)
@@ -145,14 +146,14 @@ def test_error_mode_leaves_nothing_counted_or_queued():
     x = torch.arange(6.0, device="phantom")
     torch.phantom.synchronize()
     torch_phantom.reset_ops_report()
-    torch.phantom.faults.reset()  # counts the kernels launched from here
+    faults.reset()  # counts the kernels launched from here
     torch.phantom.set_sync_debug_mode("error")
     try:
         with pytest.raises(RuntimeError, match="aten::nonzero would make the host wait"):
             torch.nonzero(x)
-        assert torch.phantom.faults.kernel_count() == 0
+        assert faults.kernel_count() == 0
     finally:
         torch.phantom.set_sync_debug_mode("default")
-        torch.phantom.faults.reset()
+        faults.reset()
     assert not [row for row in torch_phantom.ops_report() if row["op"] == "aten::nonzero"]
     assert torch.equal(torch.nonzero(x).cpu(), torch.nonzero(x.cpu()))

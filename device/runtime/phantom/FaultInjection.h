@@ -3,7 +3,7 @@
 // it synchronizes where it must.
 //
 // Three knobs, each set by an environment variable at start-up or from
-// Python (torch_phantom.faults):
+// Python (torch_phantom.testing.faults):
 //
 //   fail allocation k   the k-th request to the caching device allocator
 //                       after arming (1-based; cache hits count, zero-size

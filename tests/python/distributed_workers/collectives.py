@@ -13,7 +13,7 @@ import functools
 
 from common import RANK, WORLD, Checks, assert_equal, device, dist, raises, torch
 
-from torch_phantom import faults
+from torch_phantom.testing import faults
 
 FULL = __import__("os").environ.get("DISTRIBUTED_FULL") == "1"
 

@@ -17,7 +17,7 @@ import time
 
 from common import RANK, WORLD, device, dist, report, torch
 
-from torch_phantom import faults
+from torch_phantom.testing import faults
 
 MODE = sys.argv[1]
 TIMEOUT_S = 3 if MODE == "hung" else 60

@@ -1,4 +1,11 @@
-"""Running PyTorch's device-generic tests on phantom.
+"""Testing code on the device: PyTorch's device-generic tests, and fault
+injection.
+
+``torch_phantom.testing.faults`` makes the device fail on purpose (an
+out-of-memory error at the k-th allocation, a device error at the k-th
+kernel, latency on every kernel and copy; ``faults.py``,
+docs/fault-injection.md). The rest of this module runs PyTorch's
+device-generic tests on the device.
 
 PyTorch's test framework (``torch.testing._internal.common_device_type``)
 decides which device types exist once, when it is first imported: it adds
@@ -41,9 +48,10 @@ import sys
 
 import torch
 
-from ._name import BACKEND_NAME
+from .._name import BACKEND_NAME
+from . import faults
 
-__all__ = ["enable_device_type_tests", "declare_fused_optimizers", "DEVICE_TYPE"]
+__all__ = ["enable_device_type_tests", "declare_fused_optimizers", "DEVICE_TYPE", "faults"]
 
 DEVICE_TYPE = BACKEND_NAME
 

@@ -1,11 +1,11 @@
-"""Fault injection: make the phantom device fail on purpose.
+"""Fault injection: make the device fail on purpose (``torch_phantom.testing.faults``).
 
 Code that runs on accelerators has to survive running out of memory and
 device errors, and has to synchronize where it reads results. These knobs
 make each of those happen on demand, deterministically, so a test can check
 that the code recovers::
 
-    from torch_phantom import faults
+    from torch_phantom.testing import faults
 
     faults.reset()                  # zero the counters, start counting
     train_step()
@@ -39,7 +39,7 @@ import contextlib
 import operator
 from typing import Dict, Iterator, Optional
 
-from . import _C
+from .. import _C
 
 __all__ = [
     "fail_allocation",
