@@ -66,13 +66,10 @@ LEGACY = {
 }
 
 # name: (the open issue that covers it, or None; what it is)
-_POOLS = (22, "memory pools, which come with graph capture")
 _SWAP = (None, "swapping the device allocator for one loaded from a shared "
                "library; a vendor replaces device/runtime/DeviceAllocator.cpp "
                "in C++")
 MISSING = {
-    "MemPool": _POOLS,
-    "use_mem_pool": _POOLS,
     "profiler": (23, "the profiler's capture range (a device timeline)"),
     "CUDAPluggableAllocator": _SWAP,
     "change_current_allocator": _SWAP,
