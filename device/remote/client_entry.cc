@@ -453,7 +453,16 @@ ph_status_t ph_stream_destroy(ph_stream_t handle) {
   return Guarded("ph_stream_destroy", [&] {
     std::shared_ptr<ClientStream> stream;
     const ph_status_t found = GetStream("ph_stream_destroy", handle, &stream);
-    if (found != PH_SUCCESS) return found;
+    if (found != PH_SUCCESS) {
+      // A lost device still frees the client's half of the stream (its
+      // callback thread and the tasks it holds), then reports the loss.
+      std::shared_ptr<ClientStream> orphan = FindStream(handle);
+      if (orphan && found != PH_ERROR_INVALID_HANDLE) {
+        UnregisterStream(orphan->id());
+        orphan->StopCallbacks();
+      }
+      return found;
+    }
     if (CurrentStream() == stream->id()) {
       return WaitsForItself("ph_stream_destroy", "that stream");
     }
