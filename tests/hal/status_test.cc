@@ -35,6 +35,12 @@ TEST(Status, EveryCodeHasItsName) {
                "PH_ERROR_UNIMPLEMENTED");
   EXPECT_STREQ(ph_status_name(PH_ERROR_NOT_INITIALIZED),
                "PH_ERROR_NOT_INITIALIZED");
+  EXPECT_STREQ(ph_status_name(static_cast<ph_status_t>(
+                   PH_ERROR_STREAM_CAPTURE_UNSUPPORTED)),
+               "PH_ERROR_STREAM_CAPTURE_UNSUPPORTED");
+  EXPECT_STREQ(ph_status_name(
+                   static_cast<ph_status_t>(PH_ERROR_CAPTURE_INVALIDATED)),
+               "PH_ERROR_CAPTURE_INVALIDATED");
   EXPECT_STREQ(ph_status_name(static_cast<ph_status_t>(12345)),
                "PH_STATUS_UNKNOWN");
 }
