@@ -1,8 +1,9 @@
 // The driver under test: loaded by path, reached through its table.
 //
-// Design. PHANTOM_HAL_TEST_DRIVER names the driver library (a path, or a
-// file name the dynamic loader finds); unset, the suite loads the library
-// CMake compiled in as PHANTOM_HAL_TEST_DEFAULT_DRIVER. The library is
+// Design. PHANTOM_DRIVER names the driver library, as it does for the
+// runtime (a path, or a file name the dynamic loader finds); unset, the
+// suite loads the library CMake compiled in as
+// PHANTOM_HAL_TEST_DEFAULT_DRIVER. The library is
 // opened on the first HAL call (so listing the tests loads nothing), its
 // ph_driver_get_table is asked for the table of this header's ABI, and
 // every ph_* function below forwards to the table member of the same name.
@@ -38,7 +39,7 @@ struct Loaded {
 
 [[noreturn]] void Refuse(const std::string& sentence) {
   std::fprintf(stderr,
-               "HAL conformance: %s; set PHANTOM_HAL_TEST_DRIVER to the path "
+               "HAL conformance: %s; set PHANTOM_DRIVER to the path "
                "of a phantom driver library\n",
                sentence.c_str());
   std::fflush(stderr);
@@ -47,7 +48,7 @@ struct Loaded {
 
 Loaded Load() {
   Loaded loaded;
-  const char* chosen = std::getenv("PHANTOM_HAL_TEST_DRIVER");
+  const char* chosen = std::getenv("PHANTOM_DRIVER");
   loaded.path = chosen != nullptr && chosen[0] != '\0'
                     ? chosen
                     : PHANTOM_HAL_TEST_DEFAULT_DRIVER;

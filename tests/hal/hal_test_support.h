@@ -2,7 +2,7 @@
 // capabilities it offers, and the helpers every test file uses.
 //
 // Design. The suite links no driver. hal_test_driver.cc opens the library
-// PHANTOM_HAL_TEST_DRIVER names (the one CMake registered by default),
+// PHANTOM_DRIVER names (the one CMake registered by default),
 // reads its table through ph_driver_get_table, and defines every ph_*
 // function of phantom/hal.h as a plain forward through that table, so the
 // tests call the HAL by name as any caller would, yet reach exactly the
