@@ -195,21 +195,7 @@ using namespace phantom::remote;  // NOLINT: this file is the C shell
 extern "C" {
 
 const char* ph_status_name(ph_status_t status) {
-  switch (static_cast<int>(status)) {
-    case PH_SUCCESS: return "PH_SUCCESS";
-    case PH_NOT_READY: return "PH_NOT_READY";
-    case PH_ERROR_INVALID_ARGUMENT: return "PH_ERROR_INVALID_ARGUMENT";
-    case PH_ERROR_INVALID_DEVICE: return "PH_ERROR_INVALID_DEVICE";
-    case PH_ERROR_INVALID_HANDLE: return "PH_ERROR_INVALID_HANDLE";
-    case PH_ERROR_OUT_OF_MEMORY: return "PH_ERROR_OUT_OF_MEMORY";
-    case PH_ERROR_DEVICE: return "PH_ERROR_DEVICE";
-    case PH_ERROR_UNIMPLEMENTED: return "PH_ERROR_UNIMPLEMENTED";
-    case PH_ERROR_NOT_INITIALIZED: return "PH_ERROR_NOT_INITIALIZED";
-    case PH_ERROR_STREAM_CAPTURE_UNSUPPORTED:
-      return "PH_ERROR_STREAM_CAPTURE_UNSUPPORTED";
-    case PH_ERROR_CAPTURE_INVALIDATED: return "PH_ERROR_CAPTURE_INVALIDATED";
-    default: return "PH_STATUS_UNKNOWN";
-  }
+  return ph_status_name_of(status);
 }
 
 const char* ph_last_error_message(void) { return LastErrorMessage(); }

@@ -52,6 +52,8 @@ constexpr ph_driver_table_t kTable = {
     // ABI 1004: graph capture
     nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
     nullptr,
+    // ABI 1005: activity trace
+    nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
 };
 
 }  // namespace

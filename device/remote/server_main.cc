@@ -690,10 +690,19 @@ int Main(int argc, char** argv) {
   if (listener < 0 || socket_path.size() >= sizeof address.sun_path) {
     return Usage("cannot create the socket (is the path too long?)");
   }
-  std::memcpy(address.sun_path, socket_path.c_str(), socket_path.size() + 1);
-  ::unlink(socket_path.c_str());
+  // Bound and listening under a temporary name, then renamed into place:
+  // a client that finds the socket path never meets a socket that is not
+  // listening yet (connect would fail with ECONNREFUSED).
+  const std::string starting_path = socket_path + ".starting";
+  if (starting_path.size() >= sizeof address.sun_path) {
+    return Usage("cannot create the socket (is the path too long?)");
+  }
+  std::memcpy(address.sun_path, starting_path.c_str(), starting_path.size() + 1);
+  ::unlink(starting_path.c_str());
   if (::bind(listener, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 ||
-      ::listen(listener, 64) != 0) {
+      ::listen(listener, 64) != 0 ||
+      ::rename(starting_path.c_str(), socket_path.c_str()) != 0) {
+    ::unlink(starting_path.c_str());
     std::fprintf(stderr, "phantom_remote_server: cannot listen on '%s': %s\n",
                  socket_path.c_str(), std::strerror(errno));
     return 1;

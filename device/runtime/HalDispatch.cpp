@@ -244,22 +244,6 @@ ph_status_t RunHostFunc(const ph_driver_table_t& table, ph_stream_t stream,
   return Forwarded(status);
 }
 
-const char* LocalStatusName(ph_status_t status) {
-  switch (status) {
-    case PH_SUCCESS: return "PH_SUCCESS";
-    case PH_NOT_READY: return "PH_NOT_READY";
-    case PH_ERROR_INVALID_ARGUMENT: return "PH_ERROR_INVALID_ARGUMENT";
-    case PH_ERROR_INVALID_DEVICE: return "PH_ERROR_INVALID_DEVICE";
-    case PH_ERROR_INVALID_HANDLE: return "PH_ERROR_INVALID_HANDLE";
-    case PH_ERROR_OUT_OF_MEMORY: return "PH_ERROR_OUT_OF_MEMORY";
-    case PH_ERROR_DEVICE: return "PH_ERROR_DEVICE";
-    case PH_ERROR_UNIMPLEMENTED: return "PH_ERROR_UNIMPLEMENTED";
-    case PH_ERROR_NOT_INITIALIZED: return "PH_ERROR_NOT_INITIALIZED";
-    case PH_STATUS_MAX_ENUM: break;
-  }
-  return "PH_STATUS_UNKNOWN";
-}
-
 }  // namespace
 
 extern "C" {
@@ -269,7 +253,7 @@ extern "C" {
 const char* ph_status_name(ph_status_t status) {
   const ph_driver_table_t* table = Table();
   return table != nullptr ? table->status_name(status)
-                          : LocalStatusName(status);
+                          : ph_status_name_of(status);
 }
 
 const char* ph_last_error_message(void) {

@@ -1,5 +1,5 @@
 // Tests of the fake driver's interprocess sharing machinery, below what
-// hal.h promises (tests/hal/hal_ipc_conformance_test.cc checks the
+// hal.h promises (tests/hal/ipc_test.cc checks the
 // promises across real processes): moving an exported allocation's pages
 // into the device memory file without losing a concurrent write, giving
 // pages back to private memory on free, mapping an export into another

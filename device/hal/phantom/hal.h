@@ -670,6 +670,27 @@ enum {
   PH_ERROR_CAPTURE_INVALIDATED = 10,
 };
 
+/* The one table of status names: what ph_status_name returns for each
+ * status of this header (drivers and the runtime answer with it, so the
+ * names cannot drift apart), "PH_STATUS_UNKNOWN" for any other value. */
+static inline const char* ph_status_name_of(ph_status_t status) {
+  switch ((int)status) {
+    case PH_SUCCESS: return "PH_SUCCESS";
+    case PH_NOT_READY: return "PH_NOT_READY";
+    case PH_ERROR_INVALID_ARGUMENT: return "PH_ERROR_INVALID_ARGUMENT";
+    case PH_ERROR_INVALID_DEVICE: return "PH_ERROR_INVALID_DEVICE";
+    case PH_ERROR_INVALID_HANDLE: return "PH_ERROR_INVALID_HANDLE";
+    case PH_ERROR_OUT_OF_MEMORY: return "PH_ERROR_OUT_OF_MEMORY";
+    case PH_ERROR_DEVICE: return "PH_ERROR_DEVICE";
+    case PH_ERROR_UNIMPLEMENTED: return "PH_ERROR_UNIMPLEMENTED";
+    case PH_ERROR_NOT_INITIALIZED: return "PH_ERROR_NOT_INITIALIZED";
+    case PH_ERROR_STREAM_CAPTURE_UNSUPPORTED:
+      return "PH_ERROR_STREAM_CAPTURE_UNSUPPORTED";
+    case PH_ERROR_CAPTURE_INVALIDATED: return "PH_ERROR_CAPTURE_INVALIDATED";
+    default: return "PH_STATUS_UNKNOWN";
+  }
+}
+
 typedef struct ph_graph* ph_graph_t;           /* a captured graph */
 typedef struct ph_graph_exec* ph_graph_exec_t; /* an instantiated graph */
 

@@ -1,13 +1,13 @@
 // HAL conformance for the OPTIONAL "Interprocess sharing" section of
-// phantom/hal.h, written against the header alone like
-// hal_conformance_test.cc. Sharing needs two processes: a test re-executes
+// phantom/hal.h, written against the header alone like the rest of the
+// suite (hal_test_support.h: the driver is loaded at run time). Sharing needs two processes: a test re-executes
 // this binary as a child (PHANTOM_HAL_IPC_CHILD names the part it plays)
 // and talks to it over a pipe, one line per step, handles in hex. Every
 // wait for the child is bounded, so a driver that hangs fails the test
 // instead of hanging it.
 //
-// A driver that answers PH_ERROR_UNIMPLEMENTED (it cannot share) skips the
-// memory or event tests with that reason, and must then refuse every call
+// A driver without kIpcMemory or kIpcEvent (NULL members, or
+// PH_ERROR_UNIMPLEMENTED) skips the memory or event tests naming it, and must then refuse every call
 // of the part it lacks (AllOrNothing). ctest also runs the suite on the fake
 // with its test-only switch PHANTOM_FAKE_NO_IPC=1, as such a driver.
 #include <fcntl.h>
@@ -31,7 +31,8 @@
 #include <thread>
 #include <vector>
 
-#include "phantom/hal.h"
+#include "hal_test_expectations.h"
+#include "hal_test_support.h"
 
 extern char** environ;
 
@@ -39,13 +40,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-#define PH_CHECK_OK_(check, expr)                                  \
-  if (const ph_status_t ph_status_ = (expr); false) {              \
-  } else                                                           \
-    check(ph_status_, PH_SUCCESS)                                  \
-        << ph_status_name(ph_status_) << ": " << ph_last_error_message() << " "
-#define EXPECT_PH_OK(expr) PH_CHECK_OK_(EXPECT_EQ, expr)
-#define ASSERT_PH_OK(expr) PH_CHECK_OK_(ASSERT_EQ, expr)
 
 constexpr auto kChildTimeout = std::chrono::seconds(30);
 
@@ -361,30 +355,15 @@ int RunChild(const std::string& part) {
 // --- Capabilities ------------------------------------------------------------
 
 bool DriverSharesMemory() {
-  void* ptr = nullptr;
-  EXPECT_PH_OK(ph_malloc(0, 256, &ptr));
-  ph_ipc_mem_handle_t handle{};
-  const ph_status_t status = ph_ipc_get_mem_handle(ptr, &handle);
-  ph_free(ptr);
-  return status != PH_ERROR_UNIMPLEMENTED;
+  return hal_test::Has(hal_test::Capability::kIpcMemory);
 }
 
 bool DriverSharesEvents() {
-  ph_event_t event = nullptr;
-  const ph_status_t status =
-      ph_event_create(PH_EVENT_INTERPROCESS | PH_EVENT_DISABLE_TIMING, &event);
-  if (status == PH_SUCCESS) ph_event_destroy(event);
-  return status != PH_ERROR_UNIMPLEMENTED;
+  return hal_test::Has(hal_test::Capability::kIpcEvent);
 }
 
-#define REQUIRE_MEMORY_SHARING()                                         \
-  if (!DriverSharesMemory())                                             \
-  GTEST_SKIP() << "the driver cannot share memory (PH_ERROR_UNIMPLEMENTED "\
-                  "from ph_ipc_get_mem_handle; the section is OPTIONAL)"
-#define REQUIRE_EVENT_SHARING()                                          \
-  if (!DriverSharesEvents())                                             \
-  GTEST_SKIP() << "the driver cannot share events (PH_ERROR_UNIMPLEMENTED "\
-                  "from ph_event_create(PH_EVENT_INTERPROCESS); OPTIONAL)"
+#define REQUIRE_MEMORY_SHARING() REQUIRE_CAPABILITY(kIpcMemory)
+#define REQUIRE_EVENT_SHARING() REQUIRE_CAPABILITY(kIpcEvent)
 
 // --- Tests -------------------------------------------------------------------
 
@@ -591,9 +570,7 @@ TEST(IpcCapability, AllOrNothing) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  setenv("PHANTOM_DEVICE_COUNT", "2", 0);
-  setenv("PHANTOM_DEVICE_MEMORY", "64MiB", 0);
   if (const char* part = getenv("PHANTOM_HAL_IPC_CHILD")) return RunChild(part);
   ::testing::InitGoogleTest(&argc, argv);
-  return RUN_ALL_TESTS();
+  return hal_test::RunTestsWithExpectations();
 }
