@@ -24,4 +24,4 @@ if [ "${FULL:-0}" != 0 ]; then
 fi
 export PHANTOM_RACE_DETECTOR=2
 export PHANTOM_RACE_SUITE_SAMPLE="$sample"
-exec python3 -m pytest -q -p no:cacheprovider -rs "$@" .
+exec python3 -m pytest -q -p no:cacheprovider -rfEs "$@" .

@@ -44,10 +44,9 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Set
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor as _FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 
-from . import _gpu_trace
+from . import _C, _gpu_trace
 from . import device_module as _dm  # torch.<name> (circular: used at call time)
 from ._name import BACKEND_NAME
 
@@ -252,9 +251,39 @@ def _dense_parts(tensor: torch.Tensor):
                 if isinstance(inner, torch.Tensor):
                     yield from _dense_parts(inner)
             return
-        if isinstance(tensor, _FakeTensor) or torch._is_functional_tensor(tensor):
+        # (torch.compile's fake tensors exist only once it is imported; the
+        # detector must not import it, nor Dynamo, itself.)
+        fake = sys.modules.get("torch._subclasses.fake_tensor")
+        if ((fake is not None and isinstance(tensor, fake.FakeTensor))
+                or torch._is_functional_tensor(tensor)):
             return
     yield tensor
+
+
+_HOST_VALUES = ("Scalar", "bool", "int", "float", "complex", "SymInt", "SymFloat", "SymBool")
+
+
+def _waits_for_device(schema, args, kwargs, results) -> bool:
+    """True for an op that returns only once its device work is done: one
+    that gives the host a value (``item()``, ``equal``), or a copy into
+    host memory other than a ``non_blocking`` one into pinned memory
+    (``.cpu()``, ``.tolist()``, ``copy_`` into a CPU tensor). The driver
+    waits for these without a traced synchronize."""
+    if any(str(ret.type) in _HOST_VALUES for ret in schema.returns):
+        return True
+    written = [value for ret, value in zip(schema.returns, results)
+               if ret.alias_info is None or ret.alias_info.is_write]
+    for i, argument in enumerate(schema.arguments):
+        if argument.alias_info is not None and argument.alias_info.is_write:
+            written.append(args[i] if i < len(args) else kwargs.get(argument.name))
+    host = [t for t in written if isinstance(t, torch.Tensor) and t.device.type == "cpu"]
+    if not host:
+        return False
+    non_blocking = kwargs.get("non_blocking", False)
+    for i, argument in enumerate(schema.arguments):
+        if argument.name == "non_blocking" and i < len(args):
+            non_blocking = args[i]
+    return not (non_blocking and all(t.is_pinned() for t in host))
 
 
 def _stream_name(stream: torch.Stream) -> str:
@@ -323,6 +352,7 @@ class _Detector(TorchDispatchMode):
         handle = stream.native_handle
         key = (stream.device_index, stream.stream_id)
         old = self.handles.get(key)
+        self.renamed.pop(handle, None)  # a destroyed handle the driver gave out again
         if old is not None and old != handle:
             self.renamed[old] = handle
             self.order.succeed(old, handle)
@@ -334,7 +364,11 @@ class _Detector(TorchDispatchMode):
     def allocated(self, address: int) -> None:
         stream = _dm.current_stream()
         with self.section():
-            self.memory[address] = _Memory(self._stream(stream), _stream_name(stream))
+            if _C._is_current_stream_capturing():
+                # A graph's memory: its frees return it to the graph's pool.
+                self.memory[address] = _Memory()
+            else:
+                self.memory[address] = _Memory(self._stream(stream), _stream_name(stream))
 
     def freed(self, address: int) -> None:
         if getattr(self.local, "depth", 0):
@@ -373,7 +407,7 @@ class _Detector(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if torch.compiler.is_compiling():
+        if torch.compiler.is_compiling():  # tracing, not running
             return func(*args, **kwargs)
         if func is torch.ops.aten.record_stream.default:
             tensor, stream = args
@@ -389,7 +423,14 @@ class _Detector(TorchDispatchMode):
         touched: Dict[tuple, List] = {}
 
         def note(value, write: bool, name: str) -> None:
-            if isinstance(value, torch.Tensor):
+            tracing = torch._C._get_tracing_state()
+            if tracing is not None:  # torch.jit.trace: the detector's reads are not the program's
+                torch._C._set_tracing_state(None)
+                try:
+                    note(value, write, name)
+                finally:
+                    torch._C._set_tracing_state(tracing)
+            elif isinstance(value, torch.Tensor):
                 if value.device.type != BACKEND_NAME:
                     return
                 for part in _dense_parts(value):
@@ -423,7 +464,11 @@ class _Detector(TorchDispatchMode):
         for ret, value in zip(schema.returns, results):
             if ret.alias_info is None or ret.alias_info.is_write:
                 note(value, True, "the output")
-        if touched:
+        # Work captured into a graph does not run now (a replay is not seen
+        # op by op).
+        if touched and not _C._is_current_stream_capturing():
+            if _waits_for_device(schema, args, kwargs, results):
+                synced.append(None)
             self._launched(str(func), touched, synced)
         return outputs
 
@@ -503,6 +548,19 @@ def _activate_trace() -> None:
     _gpu_trace.register_callback_for_device_synchronization(
         _forward("synchronized", "sync_device"))
     torch._C._activate_gpu_trace()
+
+
+def _report_pending() -> None:
+    """Reports now the frees found unsafe since the last op (a test suite
+    calls it at the end of each test, so a report names the test that
+    caused it)."""
+    detector = _active
+    if detector is None:
+        return
+    with detector.section():
+        races, detector.pending = detector.pending, []
+    if races:
+        detector._report(races)
 
 
 def enable(action: str = "error") -> None:
