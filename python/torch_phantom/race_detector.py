@@ -260,7 +260,7 @@ def _dense_parts(tensor: torch.Tensor):
     yield tensor
 
 
-_HOST_VALUES = ("Scalar", "bool", "int", "float", "complex", "SymInt", "SymFloat", "SymBool")
+_HOST_VALUES = ("number", "Scalar", "bool", "int", "float", "complex", "SymInt", "SymFloat", "SymBool")
 
 
 def _waits_for_device(schema, args, kwargs, results) -> bool:

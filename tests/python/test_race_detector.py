@@ -234,6 +234,7 @@ print(json.dumps(attempt(train)))
 # under it (scripts/test_race_detector_suite.sh). Each is correct: none
 # may report a race, crash, or change what the program computes.
 SUITE_FOUND = CATCH + """
+import threading
 results = {}
 def case(name):
     def register(fn):
@@ -270,7 +271,8 @@ def _():
                                      layout=torch.jagged, device="phantom")
     assert (njt * 2).values().sum().item() == 10.0
 
-@case("a stream set with set_stream, or rebuilt from its id, is the same stream")
+@case("a stream set with set_stream, or rebuilt from its id, is the same stream; "
+      "item() waits for its stream")
 def _():
     torch.phantom.set_stream(side)
     z = torch.ones(3, device="phantom")
@@ -281,6 +283,18 @@ def _():
     torch.phantom.set_stream(default)
     default.wait_stream(side)
     assert z.sum().item() == 6.0
+
+@case("threads allocating, freeing and synchronizing at once")
+def _():
+    def work():
+        for _ in range(30):
+            (torch.ones(64, device="phantom") * 3).sum().item()
+    threads = [threading.Thread(target=work) for _ in range(3)]
+    for t in threads:
+        t.start()
+    work()
+    for t in threads:
+        t.join()
 
 @case("torch.compile's tracing is not checked; the compiled program runs")
 def _():
@@ -305,7 +319,7 @@ print(json.dumps(results))
 def test_programs_the_suite_found_misreported_report_nothing():
     result = run(SUITE_FOUND, env={"PHANTOM_DEVICE_COUNT": "2"})
     assert result == {name: None for name in result}
-    assert len(result) == 7
+    assert len(result) == 8
 
 
 def test_a_race_on_another_device_names_that_devices_streams():
