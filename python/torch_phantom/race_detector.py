@@ -423,14 +423,7 @@ class _Detector(TorchDispatchMode):
         touched: Dict[tuple, List] = {}
 
         def note(value, write: bool, name: str) -> None:
-            tracing = torch._C._get_tracing_state()
-            if tracing is not None:  # torch.jit.trace: the detector's reads are not the program's
-                torch._C._set_tracing_state(None)
-                try:
-                    note(value, write, name)
-                finally:
-                    torch._C._set_tracing_state(tracing)
-            elif isinstance(value, torch.Tensor):
+            if isinstance(value, torch.Tensor):
                 if value.device.type != BACKEND_NAME:
                     return
                 for part in _dense_parts(value):
