@@ -5,7 +5,13 @@ both streams and the line of Python that launched each.
 Design. While the detector is on, a dispatch mode sees every op on phantom
 tensors before it is queued: which storages it reads and which it writes
 (from the op's schema: an argument marked as written, and every output),
-and the stream it goes to (the current stream). The runtime's GPU trace
+and the stream it goes to (the current stream of each tensor's device:
+a copy between devices reads on one device's stream and writes on the
+other's). Sparse tensors count as their index and value tensors, wrapper
+subclasses (jagged nested tensors) as their inner tensors; torch.compile's
+tracing and work captured into a graph are not checked. An op that waits
+for its own work (``item()``, a copy to host memory, one that synchronizes
+its stream while it runs) leaves it finished for the host. The runtime's GPU trace
 hooks (torch.phantom._gpu_trace) tell it the rest: events recorded and
 waited on, stream, event and device synchronizes, and blocks of device
 memory allocated and freed. From these it keeps a vector clock per stream
@@ -30,6 +36,10 @@ Three kinds of bug are reported:
 Reports are errors (:class:`StreamRaceError`, raised after the op that
 found them was queued) or warnings (:class:`StreamRaceWarning`), by
 ``enable(action=...)`` or the ``PHANTOM_RACE_DETECTOR`` setting.
+Streams are tracked by driver handle; a stream the runtime replaced after
+a device error (same stream id, new handle) continues its predecessor's
+order. Trace callbacks come from any thread: state changes under one
+lock, and frees reported inside a locked section wait for its end.
 Activating PyTorch's GPU trace hooks is for the whole process: after the
 first ``enable()``, each event, synchronize and allocation costs a call
 into Python even when the detector is off again.
