@@ -352,3 +352,30 @@ def test_the_setting_does_not_initialise_a_device_at_import():
         env={**os.environ, "PHANTOM_RACE_DETECTOR": "2"})
     assert out.returncode == 0, out.stderr[-3000:]
     assert json.loads(out.stdout.strip().splitlines()[-1]) == [True, False]
+
+
+def test_a_stream_replaced_after_a_device_error_is_still_the_same_stream():
+    # After side's error is reported the runtime replaces its driver stream
+    # (a new handle, the same stream id). Memory allocated on side before
+    # and used on it after is used on one stream: freeing it is safe.
+    result = run(CATCH + """
+from torch_phantom.testing import faults
+before = side.native_handle
+with torch.phantom.stream(side):
+    w = torch.ones(4, device="phantom")
+    faults.fail_kernel(1)
+    bad = w * 2                             # fails on the device
+try:
+    side.synchronize()
+except torch.AcceleratorError:
+    pass
+faults.reset()
+def reuse():
+    global w, bad
+    with torch.phantom.stream(side):
+        w.mul_(3)                           # on the replacement
+    del w, bad
+    torch.ones(2, device="phantom") + 1     # where a free is reported
+print(json.dumps({"replaced": side.native_handle != before, "report": attempt(reuse)}))
+""")
+    assert result == {"replaced": True, "report": None}
