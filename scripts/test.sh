@@ -31,6 +31,11 @@ fi
 # Run from the tests folder so the installed package, not the source tree,
 # is what gets imported.
 (cd tests/python && python3 -m pytest -q -p no:cacheprovider .) || status=1
+# The same suite under the stream race detector, a deterministic sample
+# (docs/race-detector.md). RACE_SUITE=0 skips it.
+if [ "${RACE_SUITE:-1}" != 0 ]; then
+  bash scripts/test_race_detector_suite.sh || status=1
+fi
 # PyTorch's OpInfo database on phantom against the CPU (docs/conformance.md).
 (cd tests/conformance && python3 -m pytest -q -p no:cacheprovider .) || status=1
 # The same database through torch.compile, a fixed sample (docs/compile.md).

@@ -6,7 +6,14 @@
 namespace phantom::gpu_trace {
 namespace {
 std::atomic<bool> stopped{false};
+std::atomic<HookShield> shield{nullptr};
 }  // namespace
+
+void setHookShield(HookShield hook_shield) noexcept {
+  shield.store(hook_shield, std::memory_order_release);
+}
+
+HookShield hookShield() noexcept { return shield.load(std::memory_order_acquire); }
 
 void stopTracing() noexcept { stopped.store(true, std::memory_order_release); }
 

@@ -223,6 +223,24 @@ PYBIND11_MODULE(_C, m) {
   // Ends PyTorch's GPU trace hooks for phantom at interpreter exit
   // (phantom/GpuTrace.h).
   m.def("_stop_gpu_trace", [] { phantom::gpu_trace::stopTracing(); });
+  // A trace hook runs with the caller's pending Python exception set aside
+  // (phantom/GpuTrace.h, setHookShield).
+  phantom::gpu_trace::setHookShield([](void (*call)(const void*), const void* arg) {
+    const PyGILState_STATE gil = PyGILState_Ensure();
+    PyObject* type = nullptr;
+    PyObject* value = nullptr;
+    PyObject* traceback = nullptr;
+    PyErr_Fetch(&type, &value, &traceback);
+    try {
+      call(arg);
+    } catch (...) {
+      PyErr_Restore(type, value, traceback);
+      PyGILState_Release(gil);
+      throw;
+    }
+    PyErr_Restore(type, value, traceback);
+    PyGILState_Release(gil);
+  });
   m.def("_synchronize", [](c10::DeviceIndex d) {
     py::gil_scoped_release no_gil;
     phantom::synchronizeDevice(d);

@@ -5,7 +5,13 @@ both streams and the line of Python that launched each.
 Design. While the detector is on, a dispatch mode sees every op on phantom
 tensors before it is queued: which storages it reads and which it writes
 (from the op's schema: an argument marked as written, and every output),
-and the stream it goes to (the current stream). The runtime's GPU trace
+and the stream it goes to (the current stream of each tensor's device:
+a copy between devices reads on one device's stream and writes on the
+other's). Sparse tensors count as their index and value tensors, wrapper
+subclasses (jagged nested tensors) as their inner tensors; torch.compile's
+tracing and work captured into a graph are not checked. An op that waits
+for its own work (``item()``, a copy to host memory, one that synchronizes
+its stream while it runs) leaves it finished for the host. The runtime's GPU trace
 hooks (torch.phantom._gpu_trace) tell it the rest: events recorded and
 waited on, stream, event and device synchronizes, and blocks of device
 memory allocated and freed. From these it keeps a vector clock per stream
@@ -30,10 +36,15 @@ Three kinds of bug are reported:
 Reports are errors (:class:`StreamRaceError`, raised after the op that
 found them was queued) or warnings (:class:`StreamRaceWarning`), by
 ``enable(action=...)`` or the ``PHANTOM_RACE_DETECTOR`` setting.
+Streams are tracked by driver handle; a stream the runtime replaced after
+a device error (same stream id, new handle) continues its predecessor's
+order. Trace callbacks come from any thread: state changes under one
+lock, and frees reported inside a locked section wait for its end.
 Activating PyTorch's GPU trace hooks is for the whole process: after the
 first ``enable()``, each event, synchronize and allocation costs a call
 into Python even when the detector is off again.
 """
+import contextlib
 import os
 import sys
 import threading
@@ -43,9 +54,9 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Set
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 
-from . import _gpu_trace
+from . import _C, _gpu_trace
 from . import device_module as _dm  # torch.<name> (circular: used at call time)
 from ._name import BACKEND_NAME
 
@@ -180,6 +191,16 @@ class _Order:
         for view in self.streams.values():
             _merge(self.host, view)
 
+    def finished(self, stream: int, seq: int) -> None:
+        """The host has seen op ``seq`` of ``stream`` finish."""
+        if self.host.get(stream, 0) < seq:
+            self.host[stream] = seq
+
+    def succeed(self, old: int, new: int) -> None:
+        """Stream handle ``new`` replaced ``old``: the same stream, so
+        everything ordered before old's work is ordered before new's."""
+        _merge(self._view(new), self._view(old))
+
 
 class _Memory:
     """Per storage: the stream it was allocated on, and the accesses that a
@@ -203,6 +224,8 @@ _KEPT = 64
 
 def _span(tensor: torch.Tensor):
     """The bytes of its storage a tensor's elements lie in: [start, end)."""
+    if tensor.is_nested:  # one buffer, components at offsets: all of it
+        return 0, tensor.untyped_storage().nbytes()
     size = tensor.element_size()
     start = tensor.storage_offset() * size
     if tensor.numel() == 0:
@@ -211,61 +234,216 @@ def _span(tensor: torch.Tensor):
     return start, start + extent * size
 
 
+_SPARSE_COMPONENTS = {
+    torch.sparse_coo: ("_indices", "_values"),
+    torch.sparse_csr: ("crow_indices", "col_indices", "values"),
+    torch.sparse_bsr: ("crow_indices", "col_indices", "values"),
+    torch.sparse_csc: ("ccol_indices", "row_indices", "values"),
+    torch.sparse_bsc: ("ccol_indices", "row_indices", "values"),
+}
+
+
+def _dense_parts(tensor: torch.Tensor):
+    """The tensors with device memory that ``tensor`` is made of: itself
+    when dense; a sparse tensor's index and value tensors; a wrapper
+    subclass's inner tensors (a jagged nested tensor's values and offsets);
+    nothing for the fake and functional tensors of torch.compile's tracing,
+    which have no memory."""
+    if tensor.layout in _SPARSE_COMPONENTS:
+        for name in _SPARSE_COMPONENTS[tensor.layout]:
+            yield from _dense_parts(getattr(tensor, name)())
+        return
+    if type(tensor) not in (torch.Tensor, torch.nn.Parameter):
+        if is_traceable_wrapper_subclass(tensor):
+            names, _ = tensor.__tensor_flatten__()
+            for name in names:
+                inner = getattr(tensor, name)
+                if isinstance(inner, torch.Tensor):
+                    yield from _dense_parts(inner)
+            return
+        # (torch.compile's fake tensors exist only once it is imported; the
+        # detector must not import it, nor Dynamo, itself.)
+        fake = sys.modules.get("torch._subclasses.fake_tensor")
+        if ((fake is not None and isinstance(tensor, fake.FakeTensor))
+                or torch._is_functional_tensor(tensor)):
+            return
+    yield tensor
+
+
+_HOST_VALUES = ("number", "Scalar", "bool", "int", "float", "complex", "SymInt", "SymFloat", "SymBool")
+
+
+def _waits_for_device(schema, args, kwargs, results) -> bool:
+    """True for an op that returns only once its device work is done: one
+    that gives the host a value (``item()``, ``equal``), or a copy into
+    host memory other than a ``non_blocking`` one into pinned memory
+    (``.cpu()``, ``.tolist()``, ``copy_`` into a CPU tensor). The driver
+    waits for these without a traced synchronize."""
+    if any(str(ret.type) in _HOST_VALUES for ret in schema.returns):
+        return True
+    written = [value for ret, value in zip(schema.returns, results)
+               if ret.alias_info is None or ret.alias_info.is_write]
+    for i, argument in enumerate(schema.arguments):
+        if argument.alias_info is not None and argument.alias_info.is_write:
+            written.append(args[i] if i < len(args) else kwargs.get(argument.name))
+    host = [t for t in written if isinstance(t, torch.Tensor) and t.device.type == "cpu"]
+    if not host:
+        return False
+    non_blocking = kwargs.get("non_blocking", False)
+    for i, argument in enumerate(schema.arguments):
+        if argument.name == "non_blocking" and i < len(args):
+            non_blocking = args[i]
+    return not (non_blocking and all(t.is_pinned() for t in host))
+
+
 def _stream_name(stream: torch.Stream) -> str:
     kind = "the default stream" if stream.stream_id == 0 else f"stream {stream.stream_id}"
     return f"{kind} of {BACKEND_NAME}:{stream.device_index}"
 
 
 class _Detector(TorchDispatchMode):
+    """The dispatch mode, and the state the trace callbacks update.
+
+    Threads: trace callbacks run on whichever thread allocated, freed or
+    synchronized (autograd's device threads, the user's threads). Every
+    read or update of the state is a section under one reentrant lock. A
+    free reported inside a section of the same thread (the garbage
+    collector can free a tensor at any allocation in Python) is deferred
+    to the end of that section, so a section never sees the state change
+    under it."""
+
     def __init__(self, action: str) -> None:
         super().__init__()
         self.action = action
         self.order = _Order()
         self.memory: Dict[int, _Memory] = {}
         self.pending: List[Race] = []
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()
+        self.local = threading.local()  # .depth: sections held; .synced: handles
+        self.deferred_frees: List[int] = []
+        # A stream the runtime replaced after a device error keeps its
+        # (device, stream id) and gets a new driver handle: the old
+        # handle's ops are ordered before the new one's.
+        self.handles: Dict[tuple, int] = {}  # (device, stream id) -> handle
+        self.renamed: Dict[int, int] = {}  # replaced handle -> its successor
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        # torch.compile traces with fake tensors under its own modes: it
+        # compiles with this mode on, and its tracing is not the program's.
+        return True
+
+    # -- sections ---------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def section(self):
+        with self.lock:
+            depth = getattr(self.local, "depth", 0)
+            self.local.depth = depth + 1
+            try:
+                yield
+            finally:
+                self.local.depth = depth
+                while depth == 0 and self.deferred_frees:
+                    address = self.deferred_frees.pop()
+                    self.local.depth = 1
+                    try:
+                        self._free(address)
+                    finally:
+                        self.local.depth = 0
+
+    def _handle(self, handle: int) -> int:
+        while handle in self.renamed:
+            handle = self.renamed[handle]
+        return handle
+
+    def _stream(self, stream: torch.Stream) -> int:
+        """The handle ``stream`` is tracked by (in a section)."""
+        handle = stream.native_handle
+        key = (stream.device_index, stream.stream_id)
+        old = self.handles.get(key)
+        self.renamed.pop(handle, None)  # a destroyed handle the driver gave out again
+        if old is not None and old != handle:
+            self.renamed[old] = handle
+            self.order.succeed(old, handle)
+        self.handles[key] = handle
+        return handle
 
     # -- GPU trace callbacks (any thread, GIL held) --------------------------
 
     def allocated(self, address: int) -> None:
         stream = _dm.current_stream()
-        with self.lock:
-            self.memory[address] = _Memory(stream.native_handle, _stream_name(stream))
+        with self.section():
+            if _C._is_current_stream_capturing():
+                # A graph's memory: its frees return it to the graph's pool.
+                self.memory[address] = _Memory()
+            else:
+                self.memory[address] = _Memory(self._stream(stream), _stream_name(stream))
 
     def freed(self, address: int) -> None:
-        with self.lock:
-            memory = self.memory.pop(address, None)
-            if memory is None or memory.stream == 0:
-                return
-            for access in memory.accesses:
-                if (access.stream != memory.stream and access.stream not in memory.recorded
-                        and not self.order.ordered(memory.stream, access)):
-                    self.pending.append(Race("freed while in use", address, None, access,
-                                             memory.stream_name))
-                    break
+        if getattr(self.local, "depth", 0):
+            self.deferred_frees.append(address)  # the section's end frees it
+            return
+        with self.section():
+            self._free(address)
+
+    def _free(self, address: int) -> None:
+        memory = self.memory.pop(address, None)
+        if memory is None or memory.stream == 0:
+            return
+        owner = self._handle(memory.stream)
+        recorded = {self._handle(h) for h in memory.recorded}
+        for access in memory.accesses:
+            stream = self._handle(access.stream)
+            if (stream != owner and stream not in recorded
+                    and not self.order.ordered(owner, access)):
+                self.pending.append(Race("freed while in use", address, None, access,
+                                         memory.stream_name))
+                break
+
+    def synchronized(self, method: str, *args) -> None:
+        """An event, stream or device synchronize: the host has seen it."""
+        synced = getattr(self.local, "synced", None)
+        if synced is not None:  # inside an op: it waits for the device
+            synced.append(args[0] if method == "sync_stream" else None)
+        with self.section():
+            getattr(self.order, method)(*args)
+
+    def ordering(self, method: str, *args) -> None:
+        with self.section():
+            getattr(self.order, method)(*args)
 
     # -- ops ------------------------------------------------------------------
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if torch.compiler.is_compiling():  # tracing, not running
+            return func(*args, **kwargs)
         if func is torch.ops.aten.record_stream.default:
             tensor, stream = args
             if tensor.device.type == BACKEND_NAME:
-                with self.lock:
-                    memory = self.memory.get(tensor.untyped_storage().data_ptr())
-                    if memory is not None:
-                        memory.recorded.add(stream.native_handle)
+                with self.section():
+                    handle = self._stream(stream)
+                    for part in _dense_parts(tensor):
+                        memory = self.memory.get(part.untyped_storage().data_ptr())
+                        if memory is not None:
+                            memory.recorded.add(handle)
             return func(*args, **kwargs)
-        touched: Dict[tuple, List] = {}  # (address, start, end) -> [written, names]
+        # (device, address, start, end) -> [written, names]
+        touched: Dict[tuple, List] = {}
 
         def note(value, write: bool, name: str) -> None:
-            if isinstance(value, torch.Tensor) and value.device.type == BACKEND_NAME:
-                address = value.untyped_storage().data_ptr()
-                start, end = _span(value)
-                if address and end > start:
-                    entry = touched.setdefault((address, start, end), [False, []])
-                    entry[0] = entry[0] or write
-                    entry[1].append(name)
+            if isinstance(value, torch.Tensor):
+                if value.device.type != BACKEND_NAME:
+                    return
+                for part in _dense_parts(value):
+                    address = part.untyped_storage().data_ptr()
+                    start, end = _span(part)
+                    if address and end > start:
+                        key = (part.device.index, address, start, end)
+                        entry = touched.setdefault(key, [False, []])
+                        entry[0] = entry[0] or write
+                        entry[1].append(name)
             elif isinstance(value, (list, tuple)):
                 for item in value:
                     note(item, write, name)
@@ -277,31 +455,49 @@ class _Detector(TorchDispatchMode):
             if alias is not None and not alias.is_write:
                 continue  # a view: shares memory, touches no data
             note(value, alias is not None and alias.is_write, f"argument '{argument.name}'")
-        outputs = func(*args, **kwargs)
+        outer = getattr(self.local, "synced", None)
+        self.local.synced = synced = []
+        try:
+            outputs = func(*args, **kwargs)
+        finally:
+            self.local.synced = outer
+            if outer is not None:
+                outer.extend(synced)
         results = outputs if isinstance(outputs, (list, tuple)) else (outputs,)
         for ret, value in zip(schema.returns, results):
             if ret.alias_info is None or ret.alias_info.is_write:
                 note(value, True, "the output")
-        if touched:
-            self._launched(str(func), touched)
+        # Work captured into a graph does not run now (a replay is not seen
+        # op by op).
+        if touched and not _C._is_current_stream_capturing():
+            if _waits_for_device(schema, args, kwargs, results):
+                synced.append(None)
+            self._launched(str(func), touched, synced)
         return outputs
 
-    def _launched(self, op: str, touched: Dict[int, List]) -> None:
-        current = _dm.current_stream()
-        stream, name = current.native_handle, _stream_name(current)
+    def _launched(self, op: str, touched: Dict[tuple, List], synced: List) -> None:
+        """Records the op's accesses: each on the current stream of the
+        tensor's device (a copy between devices reads on one and writes on
+        the other). An op that synchronized its stream (or the device)
+        while it ran waited for its own work: the host has seen it."""
+        streams = {device: _dm.current_stream(device) for device, *_ in touched}
         stack = _user_stack()
         races: List[Race] = []
-        with self.lock:
+        with self.section():
             races, self.pending = self.pending, []
-            seq = self.order.launch(stream)
+            launched = {}
+            for device, stream in streams.items():
+                handle = self._stream(stream)
+                launched[device] = (handle, _stream_name(stream), self.order.launch(handle))
             reported: Set[int] = set()
-            for (address, start, end), (write, names) in touched.items():
+            for (device, address, start, end), (write, names) in touched.items():
+                stream, name, seq = launched[device]
                 memory = self.memory.get(address)
                 if memory is None:  # allocated before the detector was on
                     memory = self.memory[address] = _Memory()
                 access = Access(write, seq, stream, name, op, names, stack, start, end)
                 for previous in memory.accesses:
-                    if (address not in reported and previous.stream != stream
+                    if (address not in reported and self._handle(previous.stream) != stream
                             and (write or previous.write) and previous.overlaps(access)
                             and not self.order.ordered(stream, previous)):
                         races.append(Race("unordered access", address, access, previous))
@@ -311,6 +507,11 @@ class _Detector(TorchDispatchMode):
                         and self.order.host.get(p.stream, 0) < p.seq]
                 kept.append(access)
                 memory.accesses = kept[-_KEPT:]
+            if synced:
+                synced_handles = {self._handle(h) for h in synced if h is not None}
+                for stream, _, seq in launched.values():
+                    if None in synced or stream in synced_handles:
+                        self.order.finished(stream, seq)
         if races:
             self._report(races)
 
@@ -326,11 +527,11 @@ _active: Optional[_Detector] = None
 _trace_on = False
 
 
-def _forward(method: str):
+def _forward(method: str, *bound):
     def callback(*args):
         detector = _active
         if detector is not None:
-            getattr(detector, method)(*args)
+            getattr(detector, method)(*bound, *args)
     return callback
 
 
@@ -339,24 +540,30 @@ def _activate_trace() -> None:
     if _trace_on:
         return
     _trace_on = True
-    order = _forward_order
     _gpu_trace.register_callback_for_memory_allocation(_forward("allocated"))
     _gpu_trace.register_callback_for_memory_deallocation(_forward("freed"))
-    _gpu_trace.register_callback_for_event_record(order("record"))
-    _gpu_trace.register_callback_for_event_wait(order("wait"))
-    _gpu_trace.register_callback_for_stream_synchronization(order("sync_stream"))
-    _gpu_trace.register_callback_for_event_synchronization(order("sync_event"))
-    _gpu_trace.register_callback_for_device_synchronization(order("sync_device"))
+    _gpu_trace.register_callback_for_event_record(_forward("ordering", "record"))
+    _gpu_trace.register_callback_for_event_wait(_forward("ordering", "wait"))
+    _gpu_trace.register_callback_for_stream_synchronization(
+        _forward("synchronized", "sync_stream"))
+    _gpu_trace.register_callback_for_event_synchronization(
+        _forward("synchronized", "sync_event"))
+    _gpu_trace.register_callback_for_device_synchronization(
+        _forward("synchronized", "sync_device"))
     torch._C._activate_gpu_trace()
 
 
-def _forward_order(method: str):
-    def callback(*args):
-        detector = _active
-        if detector is not None:
-            with detector.lock:
-                getattr(detector.order, method)(*args)
-    return callback
+def _report_pending() -> None:
+    """Reports now the frees found unsafe since the last op (a test suite
+    calls it at the end of each test, so a report names the test that
+    caused it)."""
+    detector = _active
+    if detector is None:
+        return
+    with detector.section():
+        races, detector.pending = detector.pending, []
+    if races:
+        detector._report(races)
 
 
 def enable(action: str = "error") -> None:
@@ -370,8 +577,7 @@ def enable(action: str = "error") -> None:
     if _active is not None:
         _active.action = action
         return
-    _dm._lazy_init()
-    _activate_trace()
+    _activate_trace()  # the device is initialised by its first use, not here
     detector = _Detector(action)
     detector.__enter__()
     _active = detector

@@ -4,6 +4,14 @@ The environment defaults below are set before torch (and so the phantom
 driver) is imported: two devices, so cross-device behaviour is covered, and
 1 GiB of memory per device, so out-of-memory tests are fast and
 deterministic. A caller may override either variable.
+
+Under the race detector (PHANTOM_RACE_DETECTOR set, as
+scripts/test_race_detector_suite.sh does) every test runs with it on, in
+the mode the setting names; a test that cannot is skipped with its reason,
+never silently: whole files in RACE_SUITE_EXCLUDED_FILES below, single
+tests by ``@pytest.mark.no_race_detector(reason)``.
+PHANTOM_RACE_SUITE_SAMPLE=N keeps the first test of each file and every
+Nth after it, in collection order (the suite script's quick default).
 """
 
 import os
@@ -22,6 +30,49 @@ import torch_phantom  # noqa: E402,F401
 from torch_phantom.testing import faults  # noqa: E402
 
 DEVICE_COUNT = int(os.environ["PHANTOM_DEVICE_COUNT"])
+
+RACE_DETECTOR_ON = os.environ.get("PHANTOM_RACE_DETECTOR", "0").strip() not in ("", "0")
+
+# Files that cannot run under the race detector, and why.
+RACE_SUITE_EXCLUDED_FILES = {
+    "test_race_detector.py":
+        "plants races on purpose and switches the detector on and off by "
+        "setting and by call in its own processes",
+}
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "no_race_detector(reason): skipped when the suite runs under the race "
+        "detector (PHANTOM_RACE_DETECTOR), for the reason given")
+
+
+def _race_suite_exclusion(item):
+    marker = item.get_closest_marker("no_race_detector")
+    if marker is not None:
+        return marker.kwargs.get("reason") or (marker.args[0] if marker.args else
+                                               "marked no_race_detector")
+    return RACE_SUITE_EXCLUDED_FILES.get(item.path.name)
+
+
+def pytest_collection_modifyitems(config, items):
+    if not RACE_DETECTOR_ON:
+        return
+    sample = int(os.environ.get("PHANTOM_RACE_SUITE_SAMPLE", "1") or 1)
+    kept, dropped, position = [], [], {}
+    for item in items:
+        reason = _race_suite_exclusion(item)
+        if reason:
+            item.add_marker(pytest.mark.skip(reason=f"not under the race detector: {reason}"))
+            kept.append(item)  # reported as a skip, with its reason
+            continue
+        index = position.get(item.path, 0)
+        position[item.path] = index + 1
+        (kept if index % sample == 0 else dropped).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
 
 
 def run_python(code, extra_env=None, timeout=60):
@@ -43,8 +94,10 @@ def run_python(code, extra_env=None, timeout=60):
 def slow_kernel_on(stream, microseconds=30000):
     """Queues on `stream` one kernel that takes `microseconds` (the fault
     injector's latency), so that work queued after it is still pending."""
-    warm = torch.ones(8, device="phantom")
     with torch.phantom.stream(stream):
+        # Made on `stream` itself: filled on another stream, it would race
+        # with the kernel that reads it (the race detector says so).
+        warm = torch.ones(8, device="phantom")
         faults.set_latency_us(microseconds)
         try:
             warm * 2
@@ -55,12 +108,17 @@ def slow_kernel_on(stream, microseconds=30000):
 @pytest.fixture(autouse=True)
 def _restore_current_device():
     """Every test starts on phantom:0 and leaves the device synchronized, so
-    one test's set_device or queued work cannot leak into the next."""
+    one test's set_device or queued work (or, under the race detector, a
+    race it has not reported yet) cannot leak into the next."""
     torch.phantom.set_device(0)
     yield
     torch.phantom.set_device(0)
     for index in range(torch.phantom.device_count()):
         torch.phantom.synchronize(index)
+    if RACE_DETECTOR_ON:
+        # A free found unsafe is reported at the next op: report it here,
+        # in the test that made it, not in the next one.
+        torch.phantom.race_detector._report_pending()
 
 
 @pytest.fixture

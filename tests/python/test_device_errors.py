@@ -63,6 +63,10 @@ def fail_on(stream, behind_ms=SHORT_MS):
         sleep_on(stream, behind_ms)
     with P.stream(stream):
         y = x[bad]  # aten::index: queued; fails on the worker
+        # x and bad were made on the device's current stream and are freed
+        # when this returns, while `stream` may still read them.
+        x.record_stream(stream)
+        bad.record_stream(stream)
         return y * 2 + 1  # discarded
 
 

@@ -21,6 +21,9 @@ def run_fresh(body):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.no_race_detector(
+    "torch wraps every dispatch mode's __torch_dispatch__, the race detector's "
+    "too, in torch._dynamo.disable, which imports Dynamo and sympy at the first op")
 def test_first_pointwise_and_random_ops_import_neither_dynamo_nor_sympy():
     # torch's Python Meta kernels for pointwise ops import torch._dynamo and
     # sympy (~800 modules, about a second) on their first call; the CPU

@@ -228,3 +228,154 @@ def train():
 print(json.dumps(attempt(train)))
 """)
     assert result is None
+
+
+# Programs the detector once misreported or broke when the whole suite ran
+# under it (scripts/test_race_detector_suite.sh). Each is correct: none
+# may report a race, crash, or change what the program computes.
+SUITE_FOUND = CATCH + """
+import threading
+results = {}
+def case(name):
+    def register(fn):
+        results[name] = attempt(fn)
+    return register
+
+@case("a host copy waits for its stream, so the free after it is safe")
+def _():
+    with torch.phantom.stream(side):
+        y = torch.arange(4.0, device="phantom")
+    default.wait_stream(side)
+    assert y.tolist() == [0.0, 1.0, 2.0, 3.0]
+    del y
+    torch.ones(2, device="phantom") + 1
+
+@case("a copy between devices runs on each device's own stream")
+def _():
+    a = torch.ones(8, device="phantom:0") * 2
+    b = a.to("phantom:1")
+    with torch.phantom.device(1):
+        assert (b + 1).sum().item() == 24.0
+
+@case("sparse tensors: their index and value tensors are tracked")
+def _():
+    i = torch.tensor([[0, 1], [1, 0]])
+    sp = torch.sparse_coo_tensor(i, torch.tensor([1.0, 2.0]), (2, 2)).to("phantom")
+    assert (sp + sp).to_dense().sum().item() == 6.0
+    csr = torch.eye(3).to_sparse_csr().to("phantom")
+    assert csr.to_dense().sum().item() == 3.0
+
+@case("nested tensors: a jagged one's values and offsets are tracked")
+def _():
+    njt = torch.nested.nested_tensor([torch.ones(2), torch.ones(3)],
+                                     layout=torch.jagged, device="phantom")
+    assert (njt * 2).values().sum().item() == 10.0
+
+@case("a stream set with set_stream, or rebuilt from its id, is the same stream; "
+      "item() waits for its stream")
+def _():
+    torch.phantom.set_stream(side)
+    z = torch.ones(3, device="phantom")
+    again = torch.phantom.Stream(stream_id=side.stream_id, device_index=side.device_index,
+                                 device_type=side.device_type)
+    with torch.phantom.stream(again):
+        z.add_(1)
+    torch.phantom.set_stream(default)
+    default.wait_stream(side)
+    assert z.sum().item() == 6.0
+
+@case("threads allocating, freeing and synchronizing at once")
+def _():
+    def work():
+        for _ in range(30):
+            (torch.ones(64, device="phantom") * 3).sum().item()
+    threads = [threading.Thread(target=work) for _ in range(3)]
+    for t in threads:
+        t.start()
+    work()
+    for t in threads:
+        t.join()
+
+@case("torch.compile's tracing is not checked; the compiled program runs")
+def _():
+    f = torch.compile(lambda u: (u * 2 + 1).relu())
+    assert f(torch.ones(4, device="phantom")).sum().item() == 12.0
+
+@case("an exception raised past freed tensors reaches its handler")
+def _():
+    def fails():
+        t = torch.ones(1 << 16, device="phantom") * 2  # freed while unwinding
+        raise ValueError("the original error")
+    try:
+        fails()
+    except ValueError as e:
+        assert str(e) == "the original error"
+
+rd._report_pending()
+print(json.dumps(results))
+"""
+
+
+def test_programs_the_suite_found_misreported_report_nothing():
+    result = run(SUITE_FOUND, env={"PHANTOM_DEVICE_COUNT": "2"})
+    assert result == {name: None for name in result}
+    assert len(result) == 8
+
+
+def test_a_race_on_another_device_names_that_devices_streams():
+    # The copy to phantom:0 reads `a` on phantom:1's current stream, which
+    # is not ordered after the write on phantom:1's side stream.
+    result = run(CATCH + """
+with torch.phantom.device(1):
+    other = torch.phantom.Stream()
+    a = torch.ones(1000, device="phantom:1")
+    other.wait_stream(torch.phantom.current_stream())
+    with torch.phantom.stream(other):
+        a.mul_(2)                           # LINE-WRITE
+print(json.dumps(attempt(lambda: a.to("phantom:0"))))
+""", env={"PHANTOM_DEVICE_COUNT": "2"})
+    assert result["kinds"] == ["unordered access"]
+    text = result["text"]
+    assert "aten._to_copy.default reading argument 'self' on the default stream of phantom:1" in text
+    assert "aten.mul_.Tensor writing argument 'self'" in text
+    assert "of phantom:1, launched at" in text and "LINE-WRITE" in text
+
+
+def test_the_setting_does_not_initialise_a_device_at_import():
+    # Importing torch with the detector on must not start a device: a
+    # program that forks workers, or picks its device later, relies on it.
+    out = subprocess.run(
+        [sys.executable, "-c", "import torch, json; "
+         "print(json.dumps([torch.phantom.race_detector.is_enabled(), "
+         "torch.phantom.is_initialized()]))"],
+        capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PHANTOM_RACE_DETECTOR": "2"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == [True, False]
+
+
+def test_a_stream_replaced_after_a_device_error_is_still_the_same_stream():
+    # After side's error is reported the runtime replaces its driver stream
+    # (a new handle, the same stream id). Memory allocated on side before
+    # and used on it after is used on one stream: freeing it is safe.
+    result = run(CATCH + """
+from torch_phantom.testing import faults
+before = side.native_handle
+with torch.phantom.stream(side):
+    w = torch.ones(4, device="phantom")
+    faults.fail_kernel(1)
+    bad = w * 2                             # fails on the device
+try:
+    side.synchronize()
+except torch.AcceleratorError:
+    pass
+faults.reset()
+def reuse():
+    global w, bad
+    with torch.phantom.stream(side):
+        w.mul_(3)                           # on the replacement
+    del w, bad
+    torch.ones(2, device="phantom") + 1     # where a free is reported
+print(json.dumps({"replaced": side.native_handle != before, "report": attempt(reuse)}))
+""")
+    assert result == {"replaced": True, "report": None}

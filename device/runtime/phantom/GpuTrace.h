@@ -26,6 +26,25 @@ namespace phantom::gpu_trace {
 void stopTracing() noexcept;
 bool tracingStopped() noexcept;
 
+// Runs `call(arg)` for a hook. The Python extension installs one that sets
+// aside the calling thread's pending Python exception while the hook runs
+// and restores it after: a tensor freed while an exception unwinds (an op
+// that raised, its temporaries released) reaches memoryFreed with that
+// exception set, and running Python callbacks then would replace it with
+// a SystemError. Without one, the hook is called directly.
+using HookShield = void (*)(void (*call)(const void*), const void* arg);
+void setHookShield(HookShield shield) noexcept;
+HookShield hookShield() noexcept;
+
+template <typename Hook>
+inline void runHook(const Hook& hook) {
+  if (HookShield shield = hookShield(); shield != nullptr) {
+    shield([](const void* h) { (*static_cast<const Hook*>(h))(); }, &hook);
+  } else {
+    hook();
+  }
+}
+
 inline const c10::impl::PyInterpreter* active() {
   const c10::impl::PyInterpreter* trace = c10::impl::GPUTrace::get_trace();
   return C10_UNLIKELY(trace != nullptr) && !tracingStopped() ? trace : nullptr;
@@ -41,67 +60,67 @@ constexpr c10::DeviceType kType = c10::DeviceType::PrivateUse1;
 template <typename Event>
 inline void eventCreated(Event event) {
   if (const auto* t = active(); C10_UNLIKELY(t != nullptr)) {
-    (*t)->trace_gpu_event_creation(kType, id(event));
+    runHook([&] { (*t)->trace_gpu_event_creation(kType, id(event)); });
   }
 }
 
 template <typename Event>
 inline void eventDestroyed(Event event) {
   if (const auto* t = active(); C10_UNLIKELY(t != nullptr)) {
-    (*t)->trace_gpu_event_deletion(kType, id(event));
+    runHook([&] { (*t)->trace_gpu_event_deletion(kType, id(event)); });
   }
 }
 
 template <typename Event, typename Stream>
 inline void eventRecorded(Event event, Stream stream) {
   if (const auto* t = active(); C10_UNLIKELY(t != nullptr)) {
-    (*t)->trace_gpu_event_record(kType, id(event), id(stream));
+    runHook([&] { (*t)->trace_gpu_event_record(kType, id(event), id(stream)); });
   }
 }
 
 template <typename Event, typename Stream>
 inline void eventWaited(Event event, Stream stream) {
   if (const auto* t = active(); C10_UNLIKELY(t != nullptr)) {
-    (*t)->trace_gpu_event_wait(kType, id(event), id(stream));
+    runHook([&] { (*t)->trace_gpu_event_wait(kType, id(event), id(stream)); });
   }
 }
 
 template <typename Event>
 inline void eventSynchronized(Event event) {
   if (const auto* t = active(); C10_UNLIKELY(t != nullptr)) {
-    (*t)->trace_gpu_event_synchronization(kType, id(event));
+    runHook([&] { (*t)->trace_gpu_event_synchronization(kType, id(event)); });
   }
 }
 
 template <typename Stream>
 inline void streamCreated(Stream stream) {
   if (const auto* t = active(); C10_UNLIKELY(t != nullptr)) {
-    (*t)->trace_gpu_stream_creation(kType, id(stream));
+    runHook([&] { (*t)->trace_gpu_stream_creation(kType, id(stream)); });
   }
 }
 
 template <typename Stream>
 inline void streamSynchronized(Stream stream) {
   if (const auto* t = active(); C10_UNLIKELY(t != nullptr)) {
-    (*t)->trace_gpu_stream_synchronization(kType, id(stream));
+    runHook([&] { (*t)->trace_gpu_stream_synchronization(kType, id(stream)); });
   }
 }
 
 inline void deviceSynchronized() {
   if (const auto* t = active(); C10_UNLIKELY(t != nullptr)) {
-    (*t)->trace_gpu_device_synchronization(kType);
+    runHook([&] { (*t)->trace_gpu_device_synchronization(kType); });
   }
 }
 
 inline void memoryAllocated(const void* ptr) {
   if (const auto* t = active(); C10_UNLIKELY(t != nullptr)) {
-    (*t)->trace_gpu_memory_allocation(kType, id(ptr));
+    runHook([&] { (*t)->trace_gpu_memory_allocation(kType, id(ptr)); });
   }
 }
 
 inline void memoryFreed(const void* ptr) {
   if (const auto* t = active(); C10_UNLIKELY(t != nullptr)) {
-    (*t)->trace_gpu_memory_deallocation(kType, id(ptr));
+    runHook([&] { (*t)->trace_gpu_memory_deallocation(kType, id(ptr)); });
   }
 }
 
