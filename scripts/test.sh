@@ -4,8 +4,9 @@
 # driver suites again under ASan+UBSan and TSan, the runtime suite under
 # ASan+UBSan, the HAL fuzzer for a minute, the package built under another
 # backend name with a smoke test (RENAME_TEST=0 skips it), and pytest
-# (user-facing behaviour, PyTorch's OpInfo database, and the libraries
-# people train with).
+# (user-facing behaviour, a sample of it again on a driver without a
+# kernel view (NO_KERNEL_VIEW_TEST=0 skips that), PyTorch's OpInfo
+# database, and the libraries people train with).
 # Exits non-zero if any test fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,6 +32,12 @@ fi
 # Run from the tests folder so the installed package, not the source tree,
 # is what gets imported.
 (cd tests/python && python3 -m pytest -q -p no:cacheprovider .) || status=1
+# A sample of the same suite on a driver without a kernel view (the copying
+# CPU fallback; docs/operators.md): a few minutes. NO_KERNEL_VIEW_TEST=0
+# skips it.
+if [ "${NO_KERNEL_VIEW_TEST:-1}" != 0 ]; then
+  bash scripts/test_no_kernel_view.sh || status=1
+fi
 # PyTorch's OpInfo database on phantom against the CPU (docs/conformance.md).
 (cd tests/conformance && python3 -m pytest -q -p no:cacheprovider .) || status=1
 # The same database through torch.compile, a fixed sample (docs/compile.md).
