@@ -19,7 +19,9 @@
 //      generator for `Generator?` arguments (after the draws queued
 //      before);
 //   4. the storages of the arguments the schema marks as written (in-place
-//      and out= ops, `Tensor(a!)`) are copied back into device memory on
+//      and out= ops, `Tensor(a!)`), and of any other argument whose bytes
+//      the kernel changed (compared with a host snapshot: a few schemas
+//      do not declare their writes), are copied back into device memory on
 //      the current stream, grown first if the kernel resized an out=
 //      argument; a result living in an argument's storage is that argument
 //      or a phantom view of it; a result the kernel allocated is copied
@@ -52,11 +54,14 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/empty_strided.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/TensorImpl.h>
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
+#include <cstdint>
+#include <cstring>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -148,6 +153,21 @@ class HostCopies {
     }
   }
 
+  // Before the kernel: a snapshot of every copy no argument marked as
+  // written, so that a kernel writing an argument its schema does not
+  // declare (native_batch_norm updates running_mean and running_var, typed
+  // `Tensor?`) is caught and its storage copied back all the same.
+  void snapshotUnwritten() {
+    for (auto& [key, entry] : by_key_) {
+      const size_t nbytes = entry.host.nbytes();
+      if (entry.written || nbytes == 0) {
+        continue;
+      }
+      entry.pristine.assign(static_cast<const uint8_t*>(entry.host.data()),
+                            static_cast<const uint8_t*>(entry.host.data()) + nbytes);
+    }
+  }
+
   // The phantom storage whose host copy `cpu` lives in, or nullptr.
   const c10::Storage* phantomStorageOf(const at::Tensor& cpu) const {
     if (!cpu.defined() || !cpu.has_storage()) {
@@ -185,7 +205,14 @@ class HostCopies {
     }
     for (auto& [key, entry] : by_key_) {
       if (!entry.written) {
-        continue;
+        const bool changed =
+            !entry.pristine.empty() &&
+            (entry.host.nbytes() != entry.pristine.size() ||
+             std::memcmp(entry.host.data(), entry.pristine.data(),
+                         entry.pristine.size()) != 0);
+        if (!changed) {
+          continue;
+        }
       }
       c10::StorageImpl* phantom = entry.phantom.unsafeGetStorageImpl();
       const c10::Storage& host = entry.host;
@@ -202,17 +229,17 @@ class HostCopies {
     }
   }
 
-  // A result the kernel allocated (not in any argument's storage): new
-  // device memory holding its whole storage, viewed with its geometry.
-  at::Tensor newDeviceTensor(const at::Tensor& cpu, c10::Device device) {
-    if (!cpu.has_storage() || cpu.layout() != c10::kStrided) {
-      return cpu.to(device);
-    }
-    const c10::Storage& host = cpu.storage();
-    at::Tensor bytes = at::empty({static_cast<int64_t>(host.nbytes())},
-                                 at::TensorOptions().dtype(at::kByte).device(device));
-    toDevice(bytes.mutable_data_ptr(), host.data(), host.nbytes());
-    return phantomViewLike(bytes.storage(), cpu);
+  // A result the kernel allocated (not in any argument's storage): a new
+  // device tensor with its strides when they are dense, and its value,
+  // copied over by Copy.cpp (one transfer). A result phantom cannot hold
+  // (a quantized tensor) raises here as with the kernel view.
+  static at::Tensor newDeviceTensor(const at::Tensor& cpu, c10::Device device) {
+    at::Tensor out = cpu.is_non_overlapping_and_dense()
+                         ? at::empty_strided(cpu.sizes(), cpu.strides(),
+                                             cpu.options().device(device))
+                         : at::empty(cpu.sizes(), cpu.options().device(device));
+    out.copy_(cpu);
+    return out;
   }
 
  private:
@@ -220,6 +247,7 @@ class HostCopies {
     c10::Storage phantom;
     c10::Storage host;
     bool written = false;
+    std::vector<uint8_t> pristine;  // snapshotUnwritten()
   };
   struct Copied {
     at::Tensor phantom;
@@ -244,7 +272,8 @@ class HostCopies {
       toHost(host.mutable_data(), storage.data(), nbytes);
     }
     Entry& entry =
-        by_key_.emplace(key, Entry{storage, std::move(host)}).first->second;
+        by_key_.emplace(key, Entry{storage, std::move(host), false, {}})
+            .first->second;
     by_host_.emplace(entry.host.unsafeGetStorageImpl(), &entry);
     return entry;
   }
@@ -401,7 +430,7 @@ class ResultsToDevice {
       }
       return phantomViewLike(*storage, cpu);  // a view of an argument
     }
-    return copies_.newDeviceTensor(cpu, device_);
+    return HostCopies::newDeviceTensor(cpu, device_);
   }
 
   HostCopies& copies_;
@@ -409,7 +438,32 @@ class ResultsToDevice {
   std::vector<at::Tensor> inputs_;
 };
 
+// Ops with no CPU kernel whose phantom kernel runs a CPU op in their place
+// (Convolution.cpp): the copying mode calls that op on the host copies.
+// convolution_backward takes bias_sizes, which the overrideable form lacks
+// (only the bias gradient's shape follows from it: grad_output's channels).
+bool callHostEquivalent(const c10::OperatorName& name, torch::jit::Stack* stack) {
+  const char* equivalent = nullptr;
+  if (name.name == "aten::convolution_overrideable") {
+    equivalent = "aten::convolution";
+  } else if (name.name == "aten::convolution_backward_overrideable") {
+    equivalent = "aten::convolution_backward";
+    stack->insert(stack->begin() + 3, c10::IValue());  // bias_sizes: None
+  } else {
+    return false;
+  }
+  const c10::OperatorHandle op =
+      c10::Dispatcher::singleton().findSchemaOrThrow(equivalent, "");
+  op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+  return true;
+}
+
 }  // namespace
+
+bool hasHostEquivalent(const c10::OperatorName& name) {
+  return name.name == "aten::convolution_overrideable" ||
+         name.name == "aten::convolution_backward_overrideable";
+}
 
 bool kernelViewAvailable() {
   // Outside device work a driver with a kernel view refuses a null
@@ -457,7 +511,10 @@ void runCopyingFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack,
       forEachPhantom(args[i], [&](const at::Tensor& t) { copies.markWritten(t); });
     }
   }
-  if (composite_cpu_kernel) {
+  copies.snapshotUnwritten();
+  if (callHostEquivalent(op.operator_name(), &kernel_stack)) {
+    // done: an op without a CPU kernel of its own
+  } else if (composite_cpu_kernel) {
     op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &kernel_stack);
   } else {
     op.callBoxedForDispatchKey(c10::DispatchKey::CPU, kernel_stack);
@@ -487,7 +544,9 @@ bool worksWithoutKernelView(const c10::OperatorName& name) {
       "aten::set_.source_Storage_storage_offset", "aten::set_.source_Storage",
       "aten::set_.source_Tensor", "aten::set_", "aten::_local_scalar_dense",
       "aten::_copy_from", "aten::_has_compatible_shallow_copy_type",
-      "aten::record_stream"};
+      "aten::record_stream",
+      // Scalars.cpp: the driver's memset, or this fallback.
+      "aten::fill_.Scalar", "aten::fill_.Tensor", "aten::zero_"};
   const std::string full =
       name.overload_name.empty() ? name.name
                                  : name.name + "." + name.overload_name;
@@ -521,8 +580,13 @@ void stepAsideWithoutKernelView() {
         continue;
       }
       const std::optional<c10::OperatorHandle> handle = dispatcher.findOp(name);
+      // An op without a CPU kernel keeps its phantom kernel (the generic
+      // path could not run it) unless the copying mode knows a CPU op
+      // that computes it.
       if (!handle.has_value() ||
-          !handle->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) {
+          !handle->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1) ||
+          !(handle->hasComputedKernelForDispatchKey(c10::DispatchKey::CPU) ||
+            hasHostEquivalent(name))) {
         continue;
       }
       const std::string unqualified = name.name.substr(6);

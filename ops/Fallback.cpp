@@ -302,7 +302,8 @@ void genericFallback(const c10::OperatorHandle& op, c10::DispatchKeySet,
                      torch::jit::Stack* stack) {
   const auto& schema = op.schema();
   TORCH_CHECK_NOT_IMPLEMENTED(
-      op.hasComputedKernelForDispatchKey(c10::DispatchKey::CPU),
+      op.hasComputedKernelForDispatchKey(c10::DispatchKey::CPU) ||
+          (!kernelViewAvailable() && hasHostEquivalent(op.operator_name())),
       schema.name(), " has no phantom kernel, and no CPU kernel for phantom's "
       "generic path to run; it is not supported on phantom yet");
   normalizeTensorLists(schema, stack);

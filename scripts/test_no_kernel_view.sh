@@ -9,7 +9,7 @@
 #   bash scripts/test_no_kernel_view.sh          # the sample (default)
 #   FULL=1 bash scripts/test_no_kernel_view.sh   # the whole suite
 #
-# The sample: the first SAMPLE (default 3) runnable tests of every file in
+# The sample: the first SAMPLE (default 2) runnable tests of every file in
 # tests/python, in file order (tests/python/conftest.py,
 # NO_KERNEL_VIEW_SAMPLE), so every file is represented. Tests that need the
 # kernel view (native kernels, queued generic ops, compiled kernels, sparse
@@ -26,7 +26,7 @@ cd "$(dirname "$0")/../tests/python"
 export PHANTOM_FAKE_NO_KERNEL_VIEW=1 PHANTOM_CPU_FALLBACK=silent
 args=(-q -p no:cacheprovider)
 if [ "${FULL:-0}" != 1 ]; then
-  export NO_KERNEL_VIEW_SAMPLE="${SAMPLE:-3}"
+  export NO_KERNEL_VIEW_SAMPLE="${SAMPLE:-2}"
 fi
 start=$(date +%s)
 status=0

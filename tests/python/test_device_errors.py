@@ -94,6 +94,8 @@ def assert_works(*streams):
 # --- the case of the issue ----------------------------------------------------
 
 
+@pytest.mark.requires_kernel_view(
+    "fails a kernel on a stream with PHANTOM_FAULT_KERNEL; without a kernel view ops run on the host")
 @pytest.mark.parametrize("consumer", ["copy_to_host_on_b", "synchronize_b",
                                       "default_stream_waits_for_b", "device_synchronize"])
 def test_work_after_a_wait_on_a_failed_stream_raises_the_original_error(consumer):

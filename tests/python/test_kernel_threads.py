@@ -16,6 +16,9 @@ needs_threads = pytest.mark.skipif(
 # helpers inherit its name).
 _WORKER_THREADS = r"""
 import os
+
+pytestmark = pytest.mark.requires_kernel_view(
+    "checks the threads of kernels running as stream work over the kernel view")
 def worker_threads():
     names = [open(f"/proc/self/task/{t}/comm").read().strip()
              for t in os.listdir("/proc/self/task")]

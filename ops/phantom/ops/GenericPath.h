@@ -71,6 +71,10 @@ bool kernelViewAvailable();
 void runCopyingFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack,
                         c10::Device device, bool composite_cpu_kernel);
 
+// An op without a CPU kernel that the copying mode computes with another
+// CPU op (convolution_overrideable and its backward: aten::convolution).
+bool hasHostEquivalent(const c10::OperatorName& name);
+
 // Without a kernel view, once per process: every aten op whose phantom
 // kernel queues a CPU kernel over the kernel view is re-registered to the
 // generic path. Called before the first phantom tensor is allocated.
