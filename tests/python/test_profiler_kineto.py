@@ -7,6 +7,8 @@ process (conftest.run_python), as a profiler session is process-wide.
 """
 import json
 
+import pytest
+
 from conftest import run_python
 
 TRACE_PROGRAM = r"""
