@@ -24,6 +24,11 @@ from torch_phantom.testing import faults
 
 from test_streams import sleep_on
 
+# The failures here are kernels failing on a stream (an index out of bounds
+# found by the kernel); without a kernel view ops run on the host and raise
+# at the call instead.
+pytestmark = pytest.mark.requires_kernel_view("device errors of kernels failing on a stream")
+
 P = torch.phantom
 SHORT_MS = 200
 ORIGINAL = r"work 'aten::index' failed on phantom device {}: index 7 is out of bounds"
@@ -94,8 +99,6 @@ def assert_works(*streams):
 # --- the case of the issue ----------------------------------------------------
 
 
-@pytest.mark.requires_kernel_view(
-    "fails a kernel on a stream with PHANTOM_FAULT_KERNEL; without a kernel view ops run on the host")
 @pytest.mark.parametrize("consumer", ["copy_to_host_on_b", "synchronize_b",
                                       "default_stream_waits_for_b", "device_synchronize"])
 def test_work_after_a_wait_on_a_failed_stream_raises_the_original_error(consumer):
