@@ -87,8 +87,8 @@ void applyPolicy(const std::string& op) {
   TORCH_CHECK_NOT_IMPLEMENTED(
       chosen != Policy::kError, op,
       ": the driver has no kernel view (ph_kernel_address), so this op "
-      "would be copied to the CPU and back (phantom has no kernel of its "
-      "own for it), and PHANTOM_CPU_FALLBACK=error refuses that. Unset "
+      "would run on host copies of its tensors, copied to the CPU and "
+      "back, and PHANTOM_CPU_FALLBACK=error refuses that. Unset "
       "PHANTOM_CPU_FALLBACK (or set it to warn or silent) to run it through "
       "the copying CPU fallback");
   if (chosen != Policy::kWarn) {
