@@ -17,9 +17,10 @@
 # their reason; the sample counts only runnable tests. Extra arguments go
 # to pytest. Run from the tests folder so the installed package is used.
 #
-# Last recorded run of the sample on the 2-core machine (shared with other
-# builds): see RECORDED below.
-# RECORDED: (not yet run)
+# Last recorded run of the default sample (SAMPLE=2: all 64 files
+# represented), on the 2-core machine while other builds shared it:
+# 176 s; 106 passed, 460 skipped (the files and tests marked
+# requires_kernel_view, and the suite's own skips), 2058 deselected.
 set -euo pipefail
 cd "$(dirname "$0")/../tests/python"
 
