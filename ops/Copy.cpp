@@ -15,7 +15,9 @@
 //   same device      on the current stream, returning at once: the driver's
 //                    device-to-device transfer for two buffers of the same
 //                    dense layout up to 4 MiB, else a copy kernel (any
-//                    dtype, any strides, broadcasting, overlapping views).
+//                    dtype, any strides, broadcasting, overlapping views;
+//                    without a kernel view: the driver's transfer for any
+//                    size, and the copying CPU fallback for the rest).
 //   across devices   staged dense on the source device, then a blocking
 //                    device-to-device transfer after both devices' current
 //                    streams have finished their earlier work.
@@ -29,6 +31,7 @@
 #include <phantom/Stream.h>
 #include <phantom/SyncDebug.h>
 #include <phantom/ops/BoundsCheck.h>
+#include <phantom/ops/GenericPath.h>
 #include <phantom/ops/KernelAliases.h>
 
 #include <ATen/EmptyTensor.h>
@@ -40,10 +43,6 @@
 
 namespace phantom {
 namespace {
-
-bool isPhantom(const at::Tensor& tensor) {
-  return tensor.device().type() == c10::DeviceType::PrivateUse1;
-}
 
 // True when `a` and `b` can be copied as one run of bytes.
 bool sameDenseLayout(const at::Tensor& a, const at::Tensor& b) {
@@ -183,8 +182,9 @@ constexpr size_t kDriverCopyMaxBytes = size_t{4} << 20;
 
 void copyOnDevice(const at::Tensor& src, const at::Tensor& dst) {
   const c10::DeviceGuard guard(dst.device());
+  const bool kernel_view = kernelViewAvailable();
   if (sameDenseLayout(src, dst) && !src.storage().is_alias_of(dst.storage()) &&
-      byteSize(dst) <= kDriverCopyMaxBytes) {
+      (byteSize(dst) <= kDriverCopyMaxBytes || !kernel_view)) {
     // One run of bytes between two buffers, small enough that the driver's
     // single memcpy beats the copy kernel, whose threads must be woken.
     const PhantomStream stream = getCurrentPhantomStream(dst.device().index());
@@ -192,6 +192,13 @@ void copyOnDevice(const at::Tensor& src, const at::Tensor& dst) {
     stream.check(ph_memcpy_async(dst.data_ptr(), src.const_data_ptr(),
                                  byteSize(dst), PH_MEMCPY_DEVICE_TO_DEVICE, handle),
                  handle);
+    return;
+  }
+  if (!kernel_view) {
+    // No copy kernel over device memory: the copying CPU fallback copies
+    // both to the host, converts there and copies dst back.
+    torch::jit::Stack stack = boxArguments(dst, src, false);
+    runGenericBoxed("aten::copy_", "", &stack);
     return;
   }
   launchAsync(getCurrentPhantomStream(dst.device().index()), "aten::copy_",

@@ -1,8 +1,11 @@
 // Factories: empty and empty_strided, the two ops every other factory
 // (zeros, randn, arange, ...) is built from. Memory comes from the phantom
-// device allocator on the requested device.
+// device allocator on the requested device. Before the first phantom
+// tensor exists, a driver without a kernel view makes the native kernels
+// step aside (CopyingFallback.cpp).
 #include <phantom/DeviceAllocator.h>
 #include <phantom/Device.h>
+#include <phantom/ops/GenericPath.h>
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/core/Tensor.h>
@@ -39,6 +42,7 @@ at::Tensor empty(c10::IntArrayRef size, std::optional<at::ScalarType> dtype,
                  std::optional<bool> pin_memory,
                  std::optional<c10::MemoryFormat> memory_format) {
   checkLayoutAndPinning(layout, pin_memory);
+  stepAsideWithoutKernelView();
   const c10::DeviceGuard guard(targetDevice(device));
   return at::detail::empty_generic(size, &deviceAllocator(), kPhantomKeys,
                                    c10::dtype_or_default(dtype), memory_format);
@@ -50,6 +54,7 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
                          std::optional<c10::Device> device,
                          std::optional<bool> pin_memory) {
   checkLayoutAndPinning(layout, pin_memory);
+  stepAsideWithoutKernelView();
   const c10::DeviceGuard guard(targetDevice(device));
   return at::detail::empty_strided_generic(size, stride, &deviceAllocator(),
                                            kPhantomKeys,

@@ -21,7 +21,8 @@
 // the caller unchanged. Most ops first try the asynchronous half
 // (AsyncFallback.cpp), which only queues the work; PHANTOM_SYNC_GENERIC=1
 // turns that off (a debugging aid: every generic op then waits). Which
-// half each op took is counted (OpsReport.h).
+// half each op took is counted (OpsReport.h). A driver without a kernel
+// view gets neither: its ops run on host copies (CopyingFallback.cpp).
 #include <phantom/Launch.h>
 #include <phantom/Settings.h>
 #include <phantom/Generator.h>
@@ -301,7 +302,8 @@ void genericFallback(const c10::OperatorHandle& op, c10::DispatchKeySet,
                      torch::jit::Stack* stack) {
   const auto& schema = op.schema();
   TORCH_CHECK_NOT_IMPLEMENTED(
-      op.hasComputedKernelForDispatchKey(c10::DispatchKey::CPU),
+      op.hasComputedKernelForDispatchKey(c10::DispatchKey::CPU) ||
+          (!kernelViewAvailable() && hasHostEquivalent(op.operator_name())),
       schema.name(), " has no phantom kernel, and no CPU kernel for phantom's "
       "generic path to run; it is not supported on phantom yet");
   normalizeTensorLists(schema, stack);
@@ -316,6 +318,10 @@ void genericFallback(const c10::OperatorHandle& op, c10::DispatchKeySet,
   // bottom of this file) has to be called through the dispatch table.
   const bool composite_cpu_kernel =
       !op.hasKernelForDispatchKey(c10::DispatchKey::CPU);
+  if (!kernelViewAvailable()) {
+    runCopyingFallback(op, stack, device, composite_cpu_kernel);
+    return;
+  }
   const char* sync_reason = "PHANTOM_SYNC_GENERIC=1";
   std::string verify_signature;  // set when the results check a Meta answer
   if (!force_sync) {

@@ -13,6 +13,7 @@ namespace {
 struct Counts {
   int64_t async_calls = 0;
   int64_t sync_calls = 0;
+  int64_t copied_calls = 0;
   const char* sync_reason = "";
 };
 
@@ -39,6 +40,8 @@ void recordOpPath(const std::string& op, OpPath path, const char* reason) {
   Counts& entry = counts()[op];
   if (path == OpPath::kGenericAsync) {
     entry.async_calls += 1;
+  } else if (path == OpPath::kCopyingFallback) {
+    entry.copied_calls += 1;
   } else {
     entry.sync_calls += 1;
     entry.sync_reason = reason;
@@ -50,8 +53,8 @@ std::vector<OpPathCount> opsReport() {
   {
     std::lock_guard<std::mutex> lock(report_mutex);
     for (const auto& [op, entry] : counts()) {
-      result.push_back(
-          {op, 0, entry.async_calls, entry.sync_calls, entry.sync_reason});
+      result.push_back({op, 0, entry.async_calls, entry.sync_calls,
+                        entry.copied_calls, entry.sync_reason});
     }
     for (const NativeOpCounter* counter : nativeCounters()) {
       const int64_t calls = counter->calls();
@@ -62,14 +65,15 @@ std::vector<OpPathCount> opsReport() {
         return row.op == counter->op();
       });
       if (it == result.end()) {
-        result.push_back({counter->op(), calls, 0, 0, ""});
+        result.push_back({counter->op(), calls, 0, 0, 0, ""});
       } else {
         it->native_calls += calls;
       }
     }
   }
   const auto total = [](const OpPathCount& row) {
-    return row.native_calls + row.async_calls + row.sync_calls;
+    return row.native_calls + row.async_calls + row.sync_calls +
+           row.copied_calls;
   };
   std::sort(result.begin(), result.end(), [&](const auto& a, const auto& b) {
     return total(a) > total(b);

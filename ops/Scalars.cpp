@@ -4,7 +4,10 @@
 // accelerator. A fill the CPU refuses (a value that overflows the dtype:
 // 300 into uint8; a dtype its fill is not compiled for) is refused at the
 // call: such calls take the generic path, which raises the CPU's error
-// (CpuAdmission.h).
+// (CpuAdmission.h). Without a kernel view (CopyingFallback.cpp) a fill of
+// a dense tensor whose value is one repeated byte (zero in every dtype, any
+// value of a one-byte dtype) is the driver's memset on the current stream;
+// other fills take the copying CPU fallback.
 #include <phantom/Exception.h>
 #include <phantom/Launch.h>
 #include <phantom/Stream.h>
@@ -25,7 +28,44 @@ namespace {
 
 CpuAdmission fill_admission;
 
+// Without a kernel view: fills `self` with the driver's memset when its
+// memory is one dense run and `value` is one byte repeated in its dtype.
+// The value is converted on the CPU first, which raises the CPU's error
+// for a value the dtype cannot hold.
+bool fillByMemset(at::Tensor& self, const at::Scalar& value) {
+  if (self.layout() != c10::kStrided || !self.is_non_overlapping_and_dense() ||
+      self.is_conj() || self.is_neg() || !self.has_storage()) {
+    return false;
+  }
+  at::Tensor one = at::empty({}, self.options().device(c10::kCPU));
+  one.fill_(value);
+  const auto* bytes = static_cast<const uint8_t*>(one.const_data_ptr());
+  for (int64_t i = 1; i < one.element_size(); ++i) {
+    if (bytes[i] != bytes[0]) {
+      return false;
+    }
+  }
+  const size_t nbytes = static_cast<size_t>(self.numel()) * self.element_size();
+  if (nbytes == 0) {
+    return true;
+  }
+  checkInsideStorage(self, "fill_");
+  const c10::DeviceGuard guard(self.device());
+  const PhantomStream stream = getCurrentPhantomStream(self.device().index());
+  const ph_stream_t handle = stream.handle();  // sticky errors: Stream.h
+  stream.check(ph_memset_async(self.mutable_data_ptr(), bytes[0], nbytes, handle),
+               handle);
+  return true;
+}
+
 at::Tensor& fillScalar(at::Tensor& self, const at::Scalar& value) {
+  if (!kernelViewAvailable()) {
+    if (!fillByMemset(self, value)) {
+      torch::jit::Stack stack = boxArguments(self, value);
+      runGenericBoxed("aten::fill_", "Scalar", &stack);
+    }
+    return self;
+  }
   const bool admitted =
       scalarsFit(value, {self.scalar_type()}) &&
       fill_admission.admits(CallSignature().tensor(self).scalarKind(value),

@@ -4,8 +4,10 @@
 # driver suites again under ASan+UBSan and TSan, the runtime suite under
 # ASan+UBSan, the HAL fuzzer for a minute, the package built under another
 # backend name with a smoke test (RENAME_TEST=0 skips it), and pytest
-# (user-facing behaviour, PyTorch's OpInfo database, and the libraries
-# people train with).
+# (user-facing behaviour, a sample of it again under the stream race
+# detector (RACE_SUITE=0 skips that) and on a driver without a kernel view
+# (NO_KERNEL_VIEW_TEST=0 skips that), PyTorch's OpInfo database, and the
+# libraries people train with).
 # Exits non-zero if any test fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,6 +37,12 @@ fi
 # (docs/race-detector.md). RACE_SUITE=0 skips it.
 if [ "${RACE_SUITE:-1}" != 0 ]; then
   bash scripts/test_race_detector_suite.sh || status=1
+fi
+# A sample of the same suite on a driver without a kernel view (the copying
+# CPU fallback; docs/operators.md): a few minutes. NO_KERNEL_VIEW_TEST=0
+# skips it.
+if [ "${NO_KERNEL_VIEW_TEST:-1}" != 0 ]; then
+  bash scripts/test_no_kernel_view.sh || status=1
 fi
 # PyTorch's OpInfo database on phantom against the CPU (docs/conformance.md).
 (cd tests/conformance && python3 -m pytest -q -p no:cacheprovider .) || status=1

@@ -222,6 +222,18 @@ std::string ParseLibrary(std::string_view text, Value* out) {
   return "";
 }
 
+// One of the spec's words, any case; the number is its index.
+std::string ParseChoice(const Spec& spec, std::string_view text, Value* out) {
+  for (size_t i = 0; i < spec.choice_count; ++i) {
+    if (EqualsIgnoringCase(text, spec.choices[i])) {
+      out->number = i;
+      out->text = spec.choices[i];
+      return "";
+    }
+  }
+  return "one of the accepted words";
+}
+
 std::string Describe(const Spec& spec, bool in_list);
 
 // "a whole number of MiB from 21 to 1048576".
@@ -252,6 +264,13 @@ std::string Describe(const Spec& spec, bool in_list) {
     case Kind::kLibrary:
       return "a shared library's file name (looked for next to the runtime, "
              "then as the dynamic loader looks) or its path";
+    case Kind::kChoice: {
+      std::string text = "one of";
+      for (size_t i = 0; i < spec.choice_count; ++i) {
+        text += std::string(i == 0 ? " " : ", ") + spec.choices[i];
+      }
+      return text;
+    }
     case Kind::kOptions: {
       std::string text = "comma-separated key:value options, each at most once:";
       for (size_t i = 0; i < spec.option_count; ++i) {
@@ -286,7 +305,9 @@ bool Parse(const Spec& spec, const char* text, Value* out,
   const std::string_view trimmed = Trim(text == nullptr ? "" : text);
   Value value;
   value.number = spec.default_number;
-  if (spec.kind == Kind::kLibrary) value.text = spec.default_text;
+  if (spec.kind == Kind::kLibrary || spec.kind == Kind::kChoice) {
+    value.text = spec.default_text;
+  }
   if (trimmed.empty()) {
     *out = std::move(value);
     return true;
@@ -299,6 +320,7 @@ bool Parse(const Spec& spec, const char* text, Value* out,
     case Kind::kFraction: problem = ParseFraction(trimmed, &value); break;
     case Kind::kOptions: problem = ParseOptions(spec, trimmed, &value); break;
     case Kind::kLibrary: problem = ParseLibrary(trimmed, &value); break;
+    case Kind::kChoice: problem = ParseChoice(spec, trimmed, &value); break;
   }
   if (!problem.empty()) {
     *error = std::string(spec.name) + "=" + Quoted(text) + " is not " +
@@ -335,6 +357,7 @@ const char* KindName(Kind kind) {
     case Kind::kFraction: return "fraction";
     case Kind::kOptions: return "options";
     case Kind::kLibrary: return "library";
+    case Kind::kChoice: return "choice";
   }
   return "?";
 }

@@ -16,6 +16,12 @@
 //                          PH_ERROR_UNIMPLEMENTED to every interprocess
 //                          sharing call, as a driver without that
 //                          capability does; 0 or unset: sharing works.
+//   PHANTOM_FAKE_NO_KERNEL_VIEW  test-only: 1 makes the driver table
+//                          (driver_table.cc) leave ph_kernel_address NULL,
+//                          as the driver of a discrete device does: the
+//                          runtime then has no kernel view and ops take
+//                          the copying CPU fallback. The exported
+//                          ph_kernel_address itself is unchanged.
 #ifndef PHANTOM_FAKE_CONFIG_H_
 #define PHANTOM_FAKE_CONFIG_H_
 
@@ -35,6 +41,8 @@ struct Config {
   int device_count = 0;
   size_t device_memory = 0;  // capacity of each device in bytes
   bool ipc = true;  // interprocess sharing offered (PHANTOM_FAKE_NO_IPC)
+  // ph_kernel_address in the table (PHANTOM_FAKE_NO_KERNEL_VIEW)
+  bool kernel_view = true;
 };
 
 // The process's configuration, parsed from the environment at first call.
@@ -43,7 +51,8 @@ const Config& GetConfig();
 // Builds a Config from explicit values (null = unset), as GetConfig() does
 // from the environment; exposed for the fake's own tests.
 Config MakeConfig(const char* device_count, const char* device_memory,
-                  const char* no_ipc = nullptr);
+                  const char* no_ipc = nullptr,
+                  const char* no_kernel_view = nullptr);
 
 }  // namespace phantom::fake
 

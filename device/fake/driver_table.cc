@@ -10,6 +10,7 @@
 // the addresses taken here, and the fake's calls among its own functions,
 // bind inside the library and never to the runtime's forwarding ph_*
 // functions of the same names.
+#include "config.h"
 #include "phantom/hal.h"
 
 namespace {
@@ -77,10 +78,25 @@ constexpr ph_driver_table_t kTable = {
     &ph_activity_flush,
 };
 
+// The table without ph_kernel_address: PHANTOM_FAKE_NO_KERNEL_VIEW=1
+// plays the driver of a discrete device, whose memory the host cannot
+// address (config.h).
+ph_driver_table_t TableWithoutKernelView() {
+  ph_driver_table_t table = kTable;
+  table.kernel_address = nullptr;
+  return table;
+}
+
 }  // namespace
 
-// Every runtime of major 1 is served: the fake implements every member.
+// Every runtime of major 1 is served: the fake implements every member
+// (all but the kernel view under PHANTOM_FAKE_NO_KERNEL_VIEW=1).
 const ph_driver_table_t* ph_driver_get_table(uint32_t runtime_abi_version) {
   (void)runtime_abi_version;
+  const phantom::fake::Config& config = phantom::fake::GetConfig();
+  if (config.ok && !config.kernel_view) {
+    static const ph_driver_table_t without = TableWithoutKernelView();
+    return &without;
+  }
   return &kTable;
 }

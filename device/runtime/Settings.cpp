@@ -17,6 +17,16 @@ bool switchSetting(const char* name) {
   return value.number == 1;
 }
 
+size_t choiceSetting(const char* name) {
+  const settings::Spec* spec = settings::Find(name);
+  TORCH_INTERNAL_ASSERT(spec != nullptr && spec->kind == settings::Kind::kChoice,
+                        name, " is not a choice of the settings catalogue");
+  settings::Value value;
+  std::string error;
+  TORCH_CHECK_VALUE(settings::ReadEnvironment(*spec, &value, &error), error);
+  return static_cast<size_t>(value.number);
+}
+
 const std::string& runtimeSettingsError() noexcept {
   // Leaked on purpose, like the rest of the start-up state: read at any time.
   static const std::string* const error = [] {

@@ -16,6 +16,7 @@
 #include <phantom/HostAllocator.h>
 #include <phantom/Ipc.h>
 #include <phantom/KernelHostMemory.h>
+#include <phantom/ops/GenericPath.h>
 #include <phantom/ops/OpsReport.h>
 #include <phantom/Launch.h>
 #include <phantom/Stream.h>
@@ -395,12 +396,16 @@ PYBIND11_MODULE(_C, m) {
       entry["native"] = row.native_calls;
       entry["async"] = row.async_calls;
       entry["sync"] = row.sync_calls;
+      entry["copied"] = row.copied_calls;
       entry["sync_reason"] = row.sync_reason;
       rows.append(entry);
     }
     return rows;
   });
   m.def("_reset_ops_report", [] { phantom::resetOpsReport(); });
+  // Whether the driver offers the kernel view; without it ops take the
+  // copying CPU fallback (ops/CopyingFallback.cpp).
+  m.def("_has_kernel_view", [] { return phantom::kernelViewAvailable(); });
 
   // Fault injection (torch_phantom/faults.py).
   m.def("_faults_fail_allocation",

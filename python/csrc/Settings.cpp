@@ -86,7 +86,7 @@ PyObject* describe(const settings::Spec& spec) {
 }
 
 // The Python value of a parsed setting: int (count, size), bool (switch),
-// dict of the options given (option list), str (library).
+// dict of the options given (option list), str (library, choice).
 PyObject* toPython(const settings::Spec& spec, const settings::Value& value) {
   switch (spec.kind) {
     case settings::Kind::kSwitch:
@@ -97,6 +97,7 @@ PyObject* toPython(const settings::Spec& spec, const settings::Value& value) {
     case settings::Kind::kFraction:
       return PyFloat_FromDouble(value.fraction);
     case settings::Kind::kLibrary:
+    case settings::Kind::kChoice:
       return PyUnicode_FromString(value.text.c_str());
     case settings::Kind::kOptions: {
       PyObject* dict = PyDict_New();

@@ -68,11 +68,15 @@ _compile_hooks.install()
 
 def ops_report() -> list:
     """How often each op ran on phantom, and how: a list of dicts
-    ``{"op", "native", "async", "sync", "sync_reason"}``, most called first.
+    ``{"op", "native", "async", "sync", "copied", "sync_reason"}``, most
+    called first.
     ``native`` calls took a phantom kernel that queues the CPU kernel
     directly (add, sub, mul, div, relu); ``async`` calls took the generic
     path and were only queued (outputs computed ahead); ``sync`` calls took
-    the generic path and made the host wait, for ``sync_reason``. Other ops
+    the generic path and made the host wait, for ``sync_reason``;
+    ``copied`` calls ran through the copying CPU fallback, on host copies
+    of their tensors, because the driver has no kernel view
+    (docs/operators.md, "Without a kernel view"). Other ops
     with phantom kernels of their own (factories, copies, views, fill_)
     are not listed. A vendor reads this to plan native kernels."""
     return _C._ops_report()
@@ -86,10 +90,10 @@ def reset_ops_report() -> None:
 def _print_ops_report_at_exit() -> None:
     rows = ops_report()
     print(f"{BACKEND_NAME} ops report: {len(rows)} ops")
-    print(f"{'op':<48} {'native':>8} {'async':>8} {'sync':>8}  sync reason")
+    print(f"{'op':<48} {'native':>8} {'async':>8} {'sync':>8} {'copied':>8}  sync reason")
     for row in rows:
-        print(f"{row['op']:<48} {row['native']:>8} {row['async']:>8} {row['sync']:>8}  "
-              f"{row['sync_reason']}")
+        print(f"{row['op']:<48} {row['native']:>8} {row['async']:>8} {row['sync']:>8} "
+              f"{row['copied']:>8}  {row['sync_reason']}")
 
 
 # Exit hooks last, once the package has loaded.

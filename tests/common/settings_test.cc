@@ -46,6 +46,7 @@ const char* BadValueFor(Kind kind) {
     case Kind::kFraction: return "half";
     case Kind::kOptions: return "bogus";
     case Kind::kLibrary: return "drivers/";
+    case Kind::kChoice: return "sometimes";
   }
   return nullptr;
 }
@@ -300,6 +301,21 @@ TEST(SettingsSentence, ExactWording) {
             "fraction strictly between 0 and 1), record_memory_history (a whole "
             "number of entries, 1 or more); unset it for the default (no "
             "options)");
+}
+
+TEST(SettingsChoice, AWordOfTheListInAnyCaseItsIndexTheNumber) {
+  Value value;
+  std::string error;
+  ASSERT_TRUE(Parse(kCpuFallback, " Silent ", &value, &error)) << error;
+  EXPECT_EQ(value.number, 1u);
+  EXPECT_EQ(value.text, "silent");
+  ASSERT_TRUE(Parse(kCpuFallback, nullptr, &value, &error));
+  EXPECT_EQ(value.number, 0u);
+  EXPECT_EQ(value.text, "warn");
+  EXPECT_EQ(ErrorOf(kCpuFallback, "sometimes"),
+            "PHANTOM_CPU_FALLBACK='sometimes' is not one of the accepted "
+            "words; accepted: one of warn, silent, error; unset it for the "
+            "default warn");
 }
 
 TEST(SettingsSentence, QuotesTheValueAsGivenWhitespaceIncluded) {

@@ -106,6 +106,29 @@ TEST(Config, ZeroDevicesIsAValidConfiguration) {
   setenv("PHANTOM_DEVICE_COUNT", "2", 1);
 }
 
+// PHANTOM_FAKE_NO_KERNEL_VIEW=1 plays a discrete device's driver: the
+// table's ph_kernel_address is NULL (every other member stays), so the
+// runtime takes the copying CPU fallback. Checked in a fresh child, since
+// the environment is read once per process.
+TEST(Config, NoKernelViewSwitchTakesTheMemberOutOfTheTable) {
+  EXPECT_TRUE(MakeConfig(nullptr, nullptr, nullptr, nullptr).kernel_view);
+  EXPECT_TRUE(MakeConfig(nullptr, nullptr, nullptr, "0").kernel_view);
+  EXPECT_FALSE(MakeConfig(nullptr, nullptr, nullptr, "1").kernel_view);
+  EXPECT_FALSE(MakeConfig(nullptr, nullptr, nullptr, "yes").ok);
+  EXPECT_NE(ph_driver_get_table(PH_HAL_ABI_VERSION)->kernel_address, nullptr);
+  setenv("PHANTOM_FAKE_NO_KERNEL_VIEW", "1", 1);
+  EXPECT_EXIT(
+      {
+        const ph_driver_table_t* table = ph_driver_get_table(PH_HAL_ABI_VERSION);
+        const bool ok = table->kernel_address == nullptr &&
+                        table->malloc != nullptr &&
+                        table->memcpy_async != nullptr;
+        _exit(ok ? 0 : 1);
+      },
+      ::testing::ExitedWithCode(0), "");
+  unsetenv("PHANTOM_FAKE_NO_KERNEL_VIEW");
+}
+
 /* ---- Offset allocator -------------------------------------------------- */
 
 TEST(RangeAllocator, FreedNeighboursCoalesceIntoOneRange) {

@@ -20,6 +20,8 @@ from torch._inductor.utils import run_and_get_code
 
 from conftest import run_python, slow_kernel_on
 
+pytestmark = pytest.mark.requires_kernel_view("torch.compile's kernels run over the kernel view")
+
 
 @pytest.fixture(autouse=True)
 def _fresh_dynamo():

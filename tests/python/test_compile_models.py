@@ -23,6 +23,8 @@ import torch._inductor.config
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples"))
 import train_models  # noqa: E402
 
+pytestmark = pytest.mark.requires_kernel_view("torch.compile's kernels run over the kernel view")
+
 STEPS = 3
 BIT_EXACT = {"mlp", "dlrm-adam"}
 TOLERANCE = {"rtol": 1e-4, "atol": 1e-5}

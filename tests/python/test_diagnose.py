@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 
+import pytest
 import torch
 
 import torch_phantom
@@ -38,6 +39,7 @@ def _check_lines(output):
     return checks
 
 
+@pytest.mark.requires_kernel_view("expects the native kernels in the self-test's ops report")
 def test_a_healthy_device_reports_everything_and_exits_0():
     result = _diagnose(PHANTOM_DEVICE_COUNT="2", PHANTOM_DEVICE_MEMORY="512MiB",
                        PHANTOM_DEVICES="4")
@@ -78,6 +80,8 @@ def test_no_device_is_a_failed_check_and_exit_1():
         "phantom self-test FAILED (")
 
 
+@pytest.mark.requires_kernel_view(
+    "injects kernel faults, and ops without a kernel view launch no kernels")
 def test_injected_faults_fail_their_checks_and_the_others_still_run():
     # The first allocation and the first kernel fail (docs/fault-injection.md).
     result = _diagnose(PHANTOM_DEVICE_COUNT="2", PHANTOM_FAULT_ALLOC="1",

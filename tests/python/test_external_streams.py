@@ -44,6 +44,7 @@ def driver_stream():
     stream.close()
 
 
+@pytest.mark.requires_kernel_view("checks that an op's kernel is queued on the external stream")
 def test_torch_work_runs_on_the_external_stream(driver_stream):
     stream = torch.phantom.ExternalStream(driver_stream.handle)
     assert isinstance(stream, torch.phantom.Stream)

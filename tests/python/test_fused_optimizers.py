@@ -36,6 +36,7 @@ def _train(optimizer_cls, kwargs, device):
     return [p.detach().cpu() for p in params]
 
 
+@pytest.mark.requires_kernel_view("checks that the fused kernel is queued on the native path")
 @pytest.mark.parametrize("optimizer_cls,kwargs,kernel", FUSED,
                          ids=[f"{c.__name__}-{i}" for i, (c, _, _) in enumerate(FUSED)])
 def test_fused_step_matches_the_cpus_fused_step(optimizer_cls, kwargs, kernel):

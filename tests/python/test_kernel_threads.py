@@ -14,8 +14,12 @@ needs_threads = pytest.mark.skipif(
 
 # For the child scripts below: the stream worker's threads (its OpenMP
 # helpers inherit its name).
+pytestmark = pytest.mark.requires_kernel_view(
+    "checks the threads of kernels running as stream work over the kernel view")
+
 _WORKER_THREADS = r"""
 import os
+
 def worker_threads():
     names = [open(f"/proc/self/task/{t}/comm").read().strip()
              for t in os.listdir("/proc/self/task")]

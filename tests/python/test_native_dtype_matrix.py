@@ -18,6 +18,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+pytestmark = pytest.mark.requires_kernel_view(
+    "checks the native kernels, which run over the kernel view")
+
 P = torch.phantom
 
 DTYPES = [

@@ -10,6 +10,9 @@ import torch_phantom
 from torch_phantom.testing import faults
 from conftest import run_python, slow_kernel_on
 
+pytestmark = pytest.mark.requires_kernel_view(
+    "checks that ops take the native kernels, which run over the kernel view")
+
 P = torch.phantom
 
 

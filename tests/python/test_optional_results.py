@@ -5,9 +5,13 @@ permute_2D_sparse_data returns None for the weights when it is given none),
 so the host knows it ahead, as it knows a tensor result's shape: the call is
 queued, not waited for. Each op here is defined with torch.library (a CPU
 kernel and a Meta kernel) and compared with its own CPU answer."""
+import pytest
 import torch
 
 import torch_phantom
+
+pytestmark = pytest.mark.requires_kernel_view(
+    "checks that generic ops are queued, which needs the kernel view")
 
 
 def _paths(op):

@@ -7,10 +7,13 @@ process (conftest.run_python), as a profiler session is process-wide.
 """
 import json
 
+import pytest
+
 from conftest import run_python
 
 TRACE_PROGRAM = r"""
 import json, os, sys, tempfile
+import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
@@ -51,6 +54,7 @@ def _trace():
     return _run(TRACE_PROGRAM)
 
 
+@pytest.mark.requires_kernel_view("expects kernels on the device rows")
 def test_kernels_and_copies_appear_on_device_rows_linked_to_their_ops():
     data = _trace()
     events = data["events"]
@@ -76,6 +80,7 @@ def test_kernels_and_copies_appear_on_device_rows_linked_to_their_ops():
                c["args"]["bytes"] == 4 * 256 * 256 for c in copies), copies
 
 
+@pytest.mark.requires_kernel_view("expects kernels on the device rows")
 def test_work_on_two_streams_lands_on_two_rows():
     events = _trace()["events"]
     sigmoid = [e for e in events if e.get("cat") == "kernel"

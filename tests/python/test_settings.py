@@ -41,7 +41,7 @@ NAMES = [entry["name"] for entry in CATALOGUE]
 # A value of each kind that no setting of that kind accepts; a setting of a
 # new kind fails test_every_kind_has_a_bad_value until one is added here.
 BAD_VALUE = {"count": "abc", "size": "lots", "switch": "true", "options": "bogus",
-             "library": "drivers/"}
+             "library": "drivers/", "choice": "sometimes"}
 
 
 def sentence_for(name, value):

@@ -7,6 +7,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+pytestmark = pytest.mark.requires_kernel_view("the sparse generic path runs over the kernel view")
+
 DEV = "phantom"
 
 

@@ -94,6 +94,7 @@ const char* badValueFor(settings::Kind kind) {
     case settings::Kind::kFraction: return "half";
     case settings::Kind::kOptions: return "bogus";
     case settings::Kind::kLibrary: return "drivers/";
+    case settings::Kind::kChoice: return "sometimes";
   }
   return nullptr;
 }

@@ -15,6 +15,7 @@
 // ph_last_error_message(), which the runtime passes on.
 #pragma once
 
+#include <cstddef>
 #include <string>
 
 namespace phantom {
@@ -23,6 +24,10 @@ namespace phantom {
 // environment. Throws c10::ValueError (the settings sentence) if it is
 // malformed. An internal error if `name` is not a switch of the catalogue.
 bool switchSetting(const char* name);
+
+// The word-valued setting `name` (e.g. "PHANTOM_CPU_FALLBACK"): the index
+// of its word in the catalogue's list. Throws like switchSetting.
+size_t choiceSetting(const char* name);
 
 // The first malformed setting among those the runtime and ops read, as the
 // settings sentence, or "" if all are well formed. Checked once per process.

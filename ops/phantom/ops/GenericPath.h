@@ -60,6 +60,26 @@ inline bool isGeneratorArgument(const c10::Argument& argument) {
 void genericFallback(const c10::OperatorHandle& op, c10::DispatchKeySet,
                      torch::jit::Stack* stack);
 
+// Whether the driver offers the kernel view (ph_kernel_address). Without
+// it ops run through the copying CPU fallback (CopyingFallback.cpp).
+bool kernelViewAvailable();
+
+// The copying CPU fallback: runs `op` (its arguments on `stack`, all on
+// `device`) by its CPU kernel over host copies of the device memory it
+// uses, copying written arguments back; replaces the arguments by the
+// results. `composite_cpu_kernel`: see genericFallback.
+void runCopyingFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                        c10::Device device, bool composite_cpu_kernel);
+
+// An op without a CPU kernel that the copying mode computes with another
+// CPU op (convolution_overrideable and its backward: aten::convolution).
+bool hasHostEquivalent(const c10::OperatorName& name);
+
+// Without a kernel view, once per process: every aten op whose phantom
+// kernel queues a CPU kernel over the kernel view is re-registered to the
+// generic path. Called before the first phantom tensor is allocated.
+void stepAsideWithoutKernelView();
+
 // Runs the op `name`.`overload` through genericFallback with the boxed
 // arguments on `stack` (its results replace them). For native kernels'
 // declined cases; looks the op up by name, so not for hot paths.

@@ -36,6 +36,7 @@ class NativeOpCounter {
 enum class OpPath {
   kGenericAsync,  // Meta computed the outputs; the kernel was only queued
   kGenericSync,   // the host waited for the kernel (see the reason)
+  kCopyingFallback,  // no kernel view: run on host copies (CopyingFallback.cpp)
 };
 
 void recordOpPath(const std::string& op, OpPath path, const char* reason = "");
@@ -45,6 +46,7 @@ struct OpPathCount {
   int64_t native_calls = 0;
   int64_t async_calls = 0;
   int64_t sync_calls = 0;
+  int64_t copied_calls = 0;  // through the copying CPU fallback
   std::string sync_reason;  // why the last synchronous call waited
 };
 

@@ -51,6 +51,7 @@ enum class Kind {
   kFraction,  // a decimal fraction strictly between 0 and 1
   kOptions,   // comma-separated key:value options, each a Spec of its own
   kLibrary,   // a shared library: a file name or a path to one
+  kChoice,    // one word of a fixed list (any case); its index is the number
 };
 
 // The layer that reads a setting (shown in the README table).
@@ -74,6 +75,8 @@ struct Spec {
   const char* meaning;       // one line, for the README and diagnostics
   const Spec* const* options = nullptr;  // kOptions: its options
   size_t option_count = 0;
+  const char* const* choices = nullptr;  // kChoice: the accepted words
+  size_t choice_count = 0;
 };
 
 constexpr Spec Count(const char* name, uint64_t min, uint64_t max,
@@ -175,6 +178,27 @@ inline constexpr Spec kDriver{
     "the HAL driver library the runtime loads (docs/fake-driver.md, "
     "\"Loading\")"};
 
+// What the generic path does when the driver has no kernel view and an op
+// runs through the copying CPU fallback (ops/CopyingFallback.cpp,
+// docs/operators.md). The number is the index of the word.
+inline constexpr const char* kCpuFallbackChoices[] = {"warn", "silent",
+                                                      "error"};
+inline constexpr Spec kCpuFallback{
+    "PHANTOM_CPU_FALLBACK", Kind::kChoice, 0, 2, 0, "warn", nullptr,
+    Reader::kOps,
+    "without a kernel view, an op copied to the CPU and back: warn (once "
+    "per op), silent, or error (refuse it) (docs/operators.md)",
+    nullptr, 0, kCpuFallbackChoices,
+    sizeof(kCpuFallbackChoices) / sizeof(kCpuFallbackChoices[0])};
+
+// Test-only: plays a driver without a kernel view (device/fake/config.h,
+// docs/fake-driver.md).
+inline constexpr Spec kFakeNoKernelView = Switch(
+    "PHANTOM_FAKE_NO_KERNEL_VIEW", Reader::kDriver,
+    "test-only: 1 makes the fake driver's table leave ph_kernel_address "
+    "NULL, as a discrete device's driver does; ops then take the copying "
+    "CPU fallback (docs/fake-driver.md)");
+
 // Test-only: plays a driver that cannot share memory between processes
 // (device/fake/ipc.h, docs/multiprocessing.md).
 inline constexpr Spec kFakeNoIpc = Switch(
@@ -199,8 +223,9 @@ inline constexpr Spec kRemoteSocket{
 inline constexpr const Spec* kAll[] = {
     &kDeviceCount, &kDeviceMemory, &kAllocConf,  &kFaultAlloc,
     &kFaultKernel, &kFaultLatencyUs, &kNoLending, &kSyncGeneric,
-    &kDebugMemo,   &kOpsReport,     &kRaceDetector, &kDriver,
-    &kFakeNoIpc,   &kRemoteServer,  &kRemoteSocket};
+    &kDebugMemo,   &kCpuFallback,   &kOpsReport,     &kRaceDetector,
+    &kDriver,      &kFakeNoIpc,     &kFakeNoKernelView, &kRemoteServer,
+    &kRemoteSocket};
 
 // The setting called `name` (a top-level PHANTOM_* one), or nullptr.
 const Spec* Find(const char* name);
@@ -218,7 +243,8 @@ struct Value {
     double fraction;
   };
   std::vector<Option> options;  // kOptions, in the order given
-  std::string text;  // kLibrary: the value, trimmed (the default if unset)
+  std::string text;  // kLibrary: the value, trimmed (the default if unset);
+                     // kChoice: the accepted word, as the catalogue spells it
 
   // The option `spec` if it was given, else nullptr.
   const Option* option(const Spec& spec) const;
