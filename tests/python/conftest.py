@@ -41,7 +41,7 @@ RACE_SUITE_EXCLUDED_FILES = {
 }
 
 
-def pytest_configure(config):
+def _configure_race_suite(config):
     config.addinivalue_line(
         "markers",
         "no_race_detector(reason): skipped when the suite runs under the race "
@@ -56,7 +56,7 @@ def _race_suite_exclusion(item):
     return RACE_SUITE_EXCLUDED_FILES.get(item.path.name)
 
 
-def pytest_collection_modifyitems(config, items):
+def _select_for_race_suite(config, items):
     if not RACE_DETECTOR_ON:
         return
     sample = int(os.environ.get("PHANTOM_RACE_SUITE_SAMPLE", "1") or 1)
@@ -205,14 +205,14 @@ def assert_case_passed(results, name):
 # representative sample the script runs by default.
 
 
-def pytest_configure(config):
+def _configure_no_kernel_view(config):
     config.addinivalue_line(
         "markers",
         "requires_kernel_view(reason): needs the driver's kernel view; skipped "
         "without one (docs/operators.md, 'Without a kernel view')")
 
 
-def pytest_collection_modifyitems(config, items):
+def _select_without_kernel_view(config, items):
     if torch_phantom._C._has_kernel_view():
         return
     for item in items:
@@ -239,3 +239,18 @@ def pytest_collection_modifyitems(config, items):
             kept.append(item)  # reported as skipped, with its reason
     config.hook.pytest_deselected(items=deselected)
     items[:] = kept
+
+
+# --------------------------------------------------------------------------
+# pytest's hooks: one definition each (a second would replace the first)
+# --------------------------------------------------------------------------
+
+
+def pytest_configure(config):
+    _configure_race_suite(config)
+    _configure_no_kernel_view(config)
+
+
+def pytest_collection_modifyitems(config, items):
+    _select_for_race_suite(config, items)
+    _select_without_kernel_view(config, items)
