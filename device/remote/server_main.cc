@@ -629,11 +629,18 @@ void ServeConnection(int fd) {
         }
       }
       reply.status = stream ? PH_SUCCESS : PH_ERROR_INVALID_HANDLE;
-      if (!SendMessage(fd, reply) || !stream) {
+      if (!stream) {
+        SendMessage(fd, reply);
         ::close(fd);
         return;
       }
+      // Attached before the answer: once the client hears it, it may launch
+      // host work and destroy the stream at once, and the worker must find
+      // the connection then (a destroy that found none would drop the
+      // queued tasks unrun). A failed answer leaves a dead connection the
+      // worker reports as a client that is gone.
       stream->AttachCallback(fd);
+      SendMessage(fd, reply);
       return;
     }
     default:
