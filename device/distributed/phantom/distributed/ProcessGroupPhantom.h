@@ -133,7 +133,7 @@ class ProcessGroupPhantom final : public c10d::Backend {
   void shutdown() override;
 
  private:
-  struct Call;  // one collective being issued (ProcessGroupPhantom.cpp)
+  struct Call;  // one collective being issued (ProcessGroupCall.h)
 
   c10::intrusive_ptr<c10d::Work> issue(Call& call);
   const PhantomStream& commStream(c10::DeviceIndex device);
