@@ -1,14 +1,14 @@
 """torch.compile on phantom against torch.compile on the CPU, in one process.
 
-Design. As bench/bench_perf.py (whose timing rules and ratio this reuses):
-every case is a set of *arms*, the same work on different devices or
-modes; the arms are compiled and warmed up first (compiling is not timed),
+Design. As bench/bench_perf.py (whose timing rules and ratio, in
+perf_harness.py, this reuses): every case is a set of *arms*, the same
+work on different devices or modes; the arms are compiled and warmed up first (compiling is not timed),
 then timed in interleaved rounds whose order cycles through every order of
 the arms; a sample runs the work `inner` times and, on phantom, ends with
 torch.phantom.synchronize(), so queued work is paid for. `inner` is sized
 so that one sample of the first CPU arm lasts --min-sample-ms. The ratio
 of two arms is the median over blocks of rounds (one round per arm order)
-of their times' quotient (bench_perf.balanced_ratio).
+of their times' quotient (perf_harness.balanced_ratio).
 
 Cases and targets (issue 25):
 
@@ -51,7 +51,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "examples"))
 
-import bench_perf  # noqa: E402
+import perf_harness  # noqa: E402
 import train_models  # noqa: E402
 
 PHANTOM = "phantom"
@@ -76,7 +76,7 @@ def time_arms(arms, args, inner=None):
     def sample(name, k):
         device, work = arms[name]
         sync(device)
-        time.sleep(bench_perf.SETTLE_S)
+        time.sleep(perf_harness.SETTLE_S)
         start = time.perf_counter()
         for _ in range(k):
             work()
@@ -106,7 +106,7 @@ def time_arms(arms, args, inner=None):
 
 
 def ratio(samples, numerator, denominator):
-    return bench_perf.balanced_ratio(samples[numerator], samples[denominator], len(samples))
+    return perf_harness.balanced_ratio(samples[numerator], samples[denominator], len(samples))
 
 
 def report(results, case, samples, inner, comparisons):
@@ -116,7 +116,7 @@ def report(results, case, samples, inner, comparisons):
            "median_s": {name: statistics.median(s) for name, s in samples.items()},
            "samples_s": samples, "ratios": []}
     for name, value in row["median_s"].items():
-        print(f"  {case:<22} {name:<18} {bench_perf.fmt_time(value):>10}")
+        print(f"  {case:<22} {name:<18} {perf_harness.fmt_time(value):>10}")
     for numerator, denominator, op, bound in comparisons:
         value = ratio(samples, numerator, denominator)
         met = value <= bound if op == "<=" else value < bound
@@ -218,7 +218,7 @@ def main(argv=None):
         0.0 if args.quick else 20.0)
     args.min_sample_ms = args.min_sample_ms or (5.0 if args.quick else 20.0)
 
-    info = bench_perf.machine()
+    info = perf_harness.machine()
     print(f"{info['cpu_model']}, {info['cpu_count']} cores, torch {info['torch']} "
           f"({info['torch_threads']} threads), phantom {info['phantom_commit'][:12]}, "
           f"load {info['load_average_at_start'][0]:.2f}")

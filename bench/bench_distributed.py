@@ -14,7 +14,7 @@ least --min-sample-ms and broadcast so both ranks run the same calls. Both
 ranks meet at a CPU barrier before every sample. Rank 0's times are
 reported: the median per call of each arm, and the ratio as the median
 over blocks (one round per order) of the block's phantom/CPU time
-(bench_perf.balanced_ratio), so a slow phase of the machine cancels out.
+(perf_harness.balanced_ratio), so a slow phase of the machine cancels out.
 
   allreduce  one all_reduce (sum) of float32 tensors, 4 KiB to 256 MiB.
              Bus bandwidth = 2 (n-1)/n x bytes / time, as nccl-tests
@@ -95,7 +95,7 @@ def worker(args):
 
     sys.path.insert(0, str(ROOT / "bench"))
     sys.path.insert(0, str(ROOT / "examples"))
-    from bench_perf import balanced_ratio, cpu_ticks, machine, steal_fraction
+    from perf_harness import balanced_ratio, cpu_ticks, machine, steal_fraction
 
     rank = args.rank
     device = torch.device("phantom", rank % torch.phantom.device_count())
