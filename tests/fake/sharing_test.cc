@@ -23,15 +23,11 @@
 #include "config.h"
 #include "device_memory.h"
 #include "fault_handler.h"
+#include "fake_test_support.h"
 #include "phantom/hal.h"
 
 namespace phantom::fake {
 namespace {
-
-#define ASSERT_PH_OK(expr)                                              \
-  if (const ph_status_t ph_status_ = (expr); false) {                   \
-  } else                                                                \
-    ASSERT_EQ(ph_status_, PH_SUCCESS) << ph_last_error_message()
 
 size_t Page() { return static_cast<size_t>(sysconf(_SC_PAGESIZE)); }
 
