@@ -73,3 +73,68 @@ def test_messages_must_be_text():
         nvtx.range_push(3)
     with pytest.raises(TypeError, match="the message must be a str"):
         nvtx.mark(None)
+
+
+PROFILED_RANGES = r"""
+import json, os, tempfile, threading
+import torch, torch_phantom
+from torch.profiler import ProfilerActivity, profile
+nvtx = torch.phantom.nvtx
+x = torch.randn(64, 64, device="phantom")
+nvtx.range_push("opened_before")
+with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]) as prof:
+    nvtx.range_pop()
+    nvtx.range_push("outer")
+    y = torch.mm(x, x)
+    with nvtx.range("inner {}", 1):
+        z = torch.relu(y)
+    nvtx.range_pop()
+    ident = nvtx.range_start("across_threads")
+    ender = threading.Thread(target=nvtx.range_end, args=(ident,))
+    ender.start()
+    ender.join()
+    nvtx.mark("here")
+    torch.phantom.synchronize()
+nvtx.range_push("after_profiling")
+nvtx.range_pop()
+with torch.autograd.profiler.profile(use_device="phantom") as legacy:
+    with nvtx.range("legacy_range"):
+        torch.mm(x, x)
+path = os.path.join(tempfile.mkdtemp(), "trace.json")
+prof.export_chrome_trace(path)
+with open(path) as f:
+    events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+print(json.dumps({
+    "annotations": {e["name"]: [e["ts"], e["dur"]] for e in events
+                    if e.get("cat") == "user_annotation"},
+    "mm": [[e["ts"], e["dur"]] for e in events
+           if e.get("cat") == "cpu_op" and e["name"] == "aten::mm"],
+    "averages": sorted({e.key for e in prof.key_averages()}),
+    "legacy": sorted({e.key for e in legacy.key_averages()}),
+}))
+"""
+
+
+def test_ranges_are_ranges_of_a_recording_torch_profiler():
+    import json
+
+    from conftest import run_python
+
+    result = run_python(PROFILED_RANGES, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    data = json.loads(result.stdout.strip().splitlines()[-1])
+    ranges = data["annotations"]
+    # What the profiler recorded, and only that: a range opened before it
+    # started, or one after it stopped, is not in its trace.
+    assert set(ranges) == {"outer", "inner 1", "across_threads", "here"}
+    outer_start, outer_length = ranges["outer"]
+    inner_start, inner_length = ranges["inner 1"]
+    assert outer_start <= inner_start
+    assert inner_start + inner_length <= outer_start + outer_length
+    (mm_start, mm_length), = data["mm"]
+    assert outer_start <= mm_start and mm_start + mm_length <= inner_start
+    assert ranges["across_threads"][1] >= 0
+    assert ranges["here"][1] <= ranges["outer"][1]
+    assert {"outer", "inner 1", "here"} <= set(data["averages"])
+    assert "legacy_range" in data["legacy"]
+    assert "after_profiling" not in data["legacy"]
