@@ -7,6 +7,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include "activity_trace.h"
 #include "errors.h"
 #include "handle_registry.h"
 
@@ -413,10 +414,17 @@ ph_status_t LaunchGraph(const std::shared_ptr<GraphBody>& body,
       (*snapshots)[i] = body->nodes[i].external_wait->Latest();
     }
   }
+  // While the activity trace is on, each node is a piece of work of the
+  // replaying stream, tagged with the op that launched the replay (the
+  // replay itself is one too, around them).
+  const int device = stream.device();
+  const uint64_t trace_id = stream.trace_id();
+  const uint64_t correlation = trace::On() ? trace::CurrentCorrelation() : 0;
   Task task;
   task.kind = TaskKind::kHostFunc;
   task.name = "ph_graph_launch";
-  task.run = [body, snapshots](char* error, size_t error_size) {
+  task.run = [body, snapshots, device, trace_id, correlation](
+                 char* error, size_t error_size) {
     for (size_t i = 0; i < body->nodes.size(); ++i) {
       GraphNode& node = body->nodes[i];
       if (node.external_wait) {
@@ -436,7 +444,13 @@ ph_status_t LaunchGraph(const std::shared_ptr<GraphBody>& body,
         continue;
       }
       char node_error[kTaskErrorBytes] = "";
-      const ph_status_t status = node.task.Run(node_error, sizeof node_error);
+      const bool traced = trace::On() &&
+                          node.task.kind != TaskKind::kEventMarker &&
+                          node.task.kind != TaskKind::kEventWait;
+      const ph_status_t status =
+          traced ? RunTraced(node.task, device, trace_id, correlation,
+                             node_error, sizeof node_error)
+                 : node.task.Run(node_error, sizeof node_error);
       if (status != PH_SUCCESS) {
         std::snprintf(error, error_size, "graph node %zu ('%s') failed: %s",
                       i, node.task.name, node_error);

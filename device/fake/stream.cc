@@ -141,14 +141,15 @@ void Stream::WorkerLoop() {
   t_current_stream = nullptr;
 }
 
-ph_status_t Stream::RunTraced(Task& task, char* error, size_t error_size) {
+ph_status_t RunTraced(Task& task, int device, uint64_t stream_trace_id,
+                      uint64_t correlation, char* error, size_t error_size) {
   ph_activity_record_t record{};
   record.kind = task.kind == TaskKind::kCopy     ? PH_ACTIVITY_MEMCPY
                 : task.kind == TaskKind::kMemset ? PH_ACTIVITY_MEMSET
                                                  : PH_ACTIVITY_HOST_WORK;
-  record.device = device_;
-  record.stream_id = trace_id_;
-  record.correlation_id = task.correlation;
+  record.device = device;
+  record.stream_id = stream_trace_id;
+  record.correlation_id = correlation;
   record.name = record.kind == PH_ACTIVITY_HOST_WORK ? task.name : nullptr;
   record.bytes = task.bytes;
   record.copy_kind = task.copy_kind;
@@ -172,7 +173,8 @@ void Stream::Execute(Task task) {
   if (!skip) {
     const MeteredSpan metered(MeterFor(task.kind, device_));
     if (trace::On() && task.kind != TaskKind::kEventMarker) {
-      status = RunTraced(task, error, sizeof error);
+      status = RunTraced(task, device_, trace_id_, task.correlation, error,
+                         sizeof error);
     } else {
       status = task.Run(error, sizeof error);
     }

@@ -147,6 +147,13 @@ struct Task {
 // Slots in a stream's lock-free ring; more pending tasks overflow.
 constexpr uint64_t kLaunchQueueSlots = 1024;  // a power of two
 
+// Runs `task` on the calling thread and records it in the activity trace
+// (activity_trace.h) as work of stream `stream_trace_id` on `device`, tagged
+// with `correlation`: a stream's worker for each task it runs while tracing
+// is on, and a graph replay for each node it runs (graph.cc).
+ph_status_t RunTraced(Task& task, int device, uint64_t stream_trace_id,
+                      uint64_t correlation, char* error, size_t error_size);
+
 class Stream {
  public:
   Stream(int device, int priority);
@@ -221,8 +228,6 @@ class Stream {
   // Runs (or, on a sticky stream, skips) a task on the calling thread and
   // counts it complete; no lock is held on entry.
   void Execute(Task task);
-  // Runs `task` and records it in the activity trace.
-  ph_status_t RunTraced(Task& task, char* error, size_t error_size);
   // Execute for an event wait that is not skipped (Task::wait).
   void ExecuteWait(Task task);
   // Makes the stream sticky unless it already is; mutex_ held.

@@ -14,6 +14,7 @@
 #include <phantom/Launch.h>
 #include <phantom/Stream.h>
 
+#include <ATen/record_function.h>
 #include <c10/util/Exception.h>
 
 #include <cstdio>
@@ -122,6 +123,9 @@ class PhantomGraphImpl final : public at::GraphImplInterface {
     TORCH_CHECK(exec_ != nullptr,
                 "phantom graph: replay() needs a successful capture "
                 "(capture_begin() ... capture_end()) first");
+    // A profiler sees the replay as an op, and the device work of each
+    // node (hal_activity.h) is linked to it.
+    RECORD_FUNCTION("phantom::graph_replay", c10::ArrayRef<c10::IValue>{});
     const PhantomStream stream = getCurrentPhantomStream(stream_.device_index());
     const ph_stream_t handle = stream.handle();
     stream.check(ph_graph_launch(exec_, handle), handle);

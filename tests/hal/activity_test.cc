@@ -3,7 +3,8 @@
 // record saying on which device and stream they ran, what they were, when
 // (on the driver's clock, in stream order) and under which correlation id
 // the queuing thread had pushed; with tracing off again nothing more is
-// recorded; enable nests; bad arguments are refused. Every test needs
+// recorded; a graph replay records each node on the replaying stream;
+// enable nests; bad arguments are refused. Every test needs
 // kActivityTrace and skips, naming it, on a driver without it.
 #include <gtest/gtest.h>
 
@@ -146,6 +147,59 @@ TEST_F(Activity, NothingIsRecordedOnceTracingIsOffAndEnableNests) {
   EXPECT_EQ(on, 1);
   EXPECT_EQ(off, 0) << "recorded after the last ph_activity_disable";
   EXPECT_TRUE(Flush().empty()) << "a flush moves the records out";
+}
+
+TEST_F(Activity, AGraphReplayRecordsEachNodeOnTheReplayingStream) {
+  REQUIRE_CAPABILITY(kGraph);
+  ScopedStream capturing;
+  ScopedStream replaying;
+  DeviceBuffer device(0, 512);
+  ASSERT_PH_OK(ph_stream_begin_capture(capturing, PH_CAPTURE_MODE_GLOBAL));
+  ASSERT_PH_OK(Launch(capturing, "node-one", nullptr));
+  ASSERT_PH_OK(ph_memset_async(device.get(), 5, 512, capturing));
+  ASSERT_PH_OK(Launch(capturing, "node-two", nullptr));
+  ph_graph_t graph = nullptr;
+  ASSERT_PH_OK(ph_stream_end_capture(capturing, &graph));
+  ph_graph_exec_t exec = nullptr;
+  ASSERT_PH_OK(ph_graph_instantiate(graph, &exec));
+
+  ASSERT_PH_OK(ph_activity_enable());
+  ASSERT_PH_OK(ph_activity_push_correlation(76));
+  ASSERT_PH_OK(Launch(replaying, "plain", nullptr));  // names its stream
+  ASSERT_PH_OK(ph_activity_pop_correlation());
+  ASSERT_PH_OK(ph_activity_push_correlation(77));
+  ASSERT_PH_OK(ph_graph_launch(exec, replaying));
+  ASSERT_PH_OK(ph_activity_pop_correlation());
+  ASSERT_PH_OK(ph_stream_synchronize(replaying));
+  ASSERT_PH_OK(ph_activity_disable());
+  const std::vector<ph_activity_record_t> records = Flush();
+  ASSERT_PH_OK(ph_graph_exec_destroy(exec));
+  ASSERT_PH_OK(ph_graph_destroy(graph));
+
+  std::vector<ph_activity_record_t> nodes;
+  for (const ph_activity_record_t& record : Matching(
+           records, PH_ACTIVITY_HOST_WORK, 77)) {
+    if (record.name != nullptr &&
+        std::string(record.name).rfind("node-", 0) == 0) {
+      nodes.push_back(record);
+    }
+  }
+  const auto fills = Matching(records, PH_ACTIVITY_MEMSET, 77);
+  const auto plain = Matching(records, PH_ACTIVITY_HOST_WORK, 76);
+  ASSERT_EQ(plain.size(), 1u) << records.size() << " records";
+  ASSERT_EQ(nodes.size(), 2u) << records.size() << " records";
+  ASSERT_EQ(fills.size(), 1u) << records.size() << " records";
+  EXPECT_EQ(std::string(nodes[0].name), "node-one");
+  EXPECT_EQ(std::string(nodes[1].name), "node-two");
+  EXPECT_EQ(fills[0].bytes, 512u);
+  for (const ph_activity_record_t& record : {nodes[0], fills[0], nodes[1]}) {
+    EXPECT_EQ(record.device, 0);
+    EXPECT_EQ(record.stream_id, plain[0].stream_id) << "the replaying stream";
+  }
+  // In node order, after the work queued before the replay.
+  EXPECT_LE(plain[0].end_ns, nodes[0].start_ns);
+  EXPECT_LE(nodes[0].end_ns, fills[0].start_ns);
+  EXPECT_LE(fills[0].end_ns, nodes[1].start_ns);
 }
 
 TEST_F(Activity, BadArgumentsAreRefused) {

@@ -134,3 +134,44 @@ print(json.dumps(usage))
 def test_profile_memory_records_phantom_allocations():
     usage = _run(MEMORY_PROGRAM)
     assert usage["aten::empty"] == 1 << 20, usage
+
+
+GRAPH_PROGRAM = r"""
+import json, os, tempfile
+import torch
+from torch.profiler import ProfilerActivity, profile
+x = torch.randn(64, 64, device="phantom")
+g = torch.phantom.Graph()
+with torch.phantom.graph(g):
+    y = torch.relu(torch.mm(x, x))
+torch.phantom.synchronize()
+with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]) as prof:
+    g.replay()
+    torch.phantom.synchronize()
+path = os.path.join(tempfile.mkdtemp(), "trace.json")
+prof.export_chrome_trace(path)
+with open(path) as f:
+    events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+print(json.dumps({
+    "replays": [e["args"].get("External id") for e in events
+                if e.get("cat") == "cpu_op" and e["name"] == "phantom::graph_replay"],
+    "kernels": [[e["name"], e["args"].get("External id"), e["ts"], e["dur"]]
+                for e in events if e.get("cat") == "kernel"],
+}))
+"""
+
+
+@pytest.mark.requires_kernel_view("graph capture runs the ops' kernels on the device")
+def test_a_graph_replay_shows_each_recorded_op_linked_to_the_replay():
+    data = _run(GRAPH_PROGRAM)
+    (replay,) = data["replays"]
+    assert replay is not None
+    by_name = {}
+    for name, external, start, length in data["kernels"]:
+        by_name.setdefault(name, []).append((external, start, length))
+    # Each recorded op is its own piece of device work, in capture order,
+    # linked to the replay that ran it (not one item for the whole graph).
+    (mm,) = by_name["aten::mm"]
+    relu = by_name.get("aten::relu") or by_name["aten::clamp_min"]
+    assert mm[0] == replay and relu[0][0] == replay
+    assert mm[1] + mm[2] <= relu[0][1]

@@ -24,8 +24,13 @@
  *  - Correlation: each host thread has a stack of correlation ids
  *    (ph_activity_push_correlation / ph_activity_pop_correlation). Work
  *    queued by a thread carries the id on top of that thread's stack at
- *    the call that queued it (0 when the stack is empty). Work a graph
- *    replay runs carries the replay's id.
+ *    the call that queued it (0 when the stack is empty).
+ *  - A graph replay (ph_graph_launch) leaves a record for each node it
+ *    runs other than event records and waits (a copy, a fill or host
+ *    work, as the captured call would have left), on the replaying
+ *    stream's device and stream, in node order, carrying the correlation
+ *    id of the ph_graph_launch call. The driver may also record the
+ *    replay as a whole, as host work around them.
  *  - Records wait in the driver until flushed, oldest first. The driver
  *    may bound how many it keeps; past the bound it drops new records and
  *    counts them.
