@@ -12,7 +12,7 @@
 #include <phantom/Launch.h>
 #include <phantom/Stream.h>
 #include <phantom/SyncDebug.h>
-#include <phantom/ops/KernelAliases.h>
+#include <phantom/KernelAliases.h>
 
 #include <ATen/core/Tensor.h>
 #include <ATen/native/ConvUtils.h>

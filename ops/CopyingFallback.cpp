@@ -45,9 +45,9 @@
 #include <phantom/Stream.h>
 #include <phantom/SyncDebug.h>
 #include <phantom/hal.h>
-#include <phantom/ops/BoundsCheck.h>
+#include <phantom/BoundsCheck.h>
 #include <phantom/ops/GenericPath.h>
-#include <phantom/ops/KernelAliases.h>  // phantomViewLike
+#include <phantom/KernelAliases.h>  // phantomViewLike
 #include <phantom/ops/OpsReport.h>
 
 #include <ATen/core/Tensor.h>
@@ -107,10 +107,6 @@ void applyPolicy(const std::string& op) {
              "in stream order; slower than a kernel of the device's own). "
              "Warned once per op; PHANTOM_CPU_FALLBACK=silent hides this, "
              "PHANTOM_CPU_FALLBACK=error refuses such ops.");
-}
-
-size_t byteSize(const at::Tensor& tensor) {
-  return static_cast<size_t>(tensor.numel()) * tensor.element_size();
 }
 
 // Host copies of the device storages an op's arguments use (steps 1, 2
@@ -351,44 +347,6 @@ void forEachPhantom(const c10::IValue& arg, Visit&& visit) {
   }
 }
 
-c10::IValue toHostArgument(const c10::IValue& arg,
-                           const c10::Argument& schema_arg,
-                           c10::DeviceIndex device, HostCopies& copies) {
-  if (isGeneratorArgument(schema_arg)) {
-    std::optional<at::Generator> generator;
-    if (arg.isGenerator()) {
-      generator = arg.toGenerator();
-    }
-    return cpuGeneratorFor(generator, device);
-  }
-  if (arg.isTensor()) {
-    const at::Tensor& tensor = arg.toTensor();
-    return isPhantom(tensor) ? copies.copyOf(tensor) : tensor;
-  }
-  if (arg.isTensorList()) {
-    c10::List<at::Tensor> list;
-    for (const at::Tensor& t : arg.toTensorList()) {
-      list.push_back(isPhantom(t) ? copies.copyOf(t) : t);
-    }
-    return list;
-  }
-  if (arg.isOptionalTensorList()) {
-    c10::List<std::optional<at::Tensor>> list;
-    for (const std::optional<at::Tensor>& t : arg.toOptionalTensorList()) {
-      if (t.has_value() && isPhantom(*t)) {
-        list.push_back(copies.copyOf(*t));
-      } else {
-        list.push_back(t);
-      }
-    }
-    return list;
-  }
-  if (arg.isDevice() && arg.toDevice().type() == c10::DeviceType::PrivateUse1) {
-    return c10::Device(c10::kCPU);
-  }
-  return arg;
-}
-
 // A result of the CPU kernel as a phantom value (step 4).
 class ResultsToDevice {
  public:
@@ -503,8 +461,9 @@ void runCopyingFallback(const c10::OperatorHandle& op, torch::jit::Stack* stack,
   torch::jit::Stack kernel_stack;
   kernel_stack.reserve(num_args);
   for (size_t i = 0; i < num_args; ++i) {
-    kernel_stack.push_back(
-        toHostArgument(args[i], schema.arguments()[i], device.index(), copies));
+    kernel_stack.push_back(cpuKernelArgument(
+        args[i], schema.arguments()[i], device.index(),
+        [&](const at::Tensor& t) { return copies.copyOf(t); }));
   }
   for (size_t i = 0; i < num_args; ++i) {
     if (writes(schema.arguments()[i])) {

@@ -28,9 +28,9 @@
 // (Fallback.cpp), which keeps the CPU's behaviour, errors included.
 #include <phantom/Launch.h>
 #include <phantom/Stream.h>
-#include <phantom/ops/CpuAdmission.h>
+#include <phantom/CpuAdmission.h>
 #include <phantom/ops/GenericPath.h>
-#include <phantom/ops/KernelAliases.h>
+#include <phantom/KernelAliases.h>
 #include <phantom/ops/OpsReport.h>
 
 #include <ATen/core/Tensor.h>

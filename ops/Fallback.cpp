@@ -28,10 +28,10 @@
 #include <phantom/Generator.h>
 #include <phantom/Stream.h>
 #include <phantom/SyncDebug.h>
-#include <phantom/ops/BoundsCheck.h>
+#include <phantom/BoundsCheck.h>
 #include <phantom/ops/GenericPath.h>
-#include <phantom/ops/KernelAliases.h>
-#include <phantom/ops/KernelWarnings.h>
+#include <phantom/KernelAliases.h>
+#include <phantom/KernelWarnings.h>
 #include <phantom/ops/OpsReport.h>
 
 #include <ATen/core/Tensor.h>
@@ -200,44 +200,6 @@ c10::Device findDevice(const c10::OperatorHandle& op,
   return checker.result();
 }
 
-c10::IValue toKernelArgument(const c10::IValue& arg,
-                             const c10::Argument& schema_arg,
-                             c10::DeviceIndex device, KernelAliases& aliases) {
-  if (isGeneratorArgument(schema_arg)) {
-    std::optional<at::Generator> generator;
-    if (arg.isGenerator()) {
-      generator = arg.toGenerator();
-    }
-    return cpuGeneratorFor(generator, device);
-  }
-  if (arg.isTensor()) {
-    const at::Tensor& tensor = arg.toTensor();
-    return isPhantom(tensor) ? aliases.alias(tensor) : tensor;
-  }
-  if (arg.isTensorList()) {
-    c10::List<at::Tensor> list;
-    for (const at::Tensor& t : arg.toTensorList()) {
-      list.push_back(isPhantom(t) ? aliases.alias(t) : t);
-    }
-    return list;
-  }
-  if (arg.isOptionalTensorList()) {
-    c10::List<std::optional<at::Tensor>> list;
-    for (const std::optional<at::Tensor>& t : arg.toOptionalTensorList()) {
-      if (t.has_value() && isPhantom(*t)) {
-        list.push_back(aliases.alias(*t));
-      } else {
-        list.push_back(t);
-      }
-    }
-    return list;
-  }
-  if (arg.isDevice() && arg.toDevice().type() == c10::DeviceType::PrivateUse1) {
-    return c10::Device(c10::kCPU);
-  }
-  return arg;
-}
-
 // A CPU result becomes a phantom tensor (see the file comment, step 4).
 class ResultMapper {
  public:
@@ -370,8 +332,9 @@ void genericFallback(const c10::OperatorHandle& op, c10::DispatchKeySet,
     torch::jit::Stack kernel_stack;
     kernel_stack.reserve(num_args);
     for (size_t i = 0; i < num_args; ++i) {
-      kernel_stack.push_back(toKernelArgument(args[i], schema.arguments()[i],
-                                              device.index(), aliases));
+      kernel_stack.push_back(cpuKernelArgument(
+          args[i], schema.arguments()[i], device.index(),
+          [&](const at::Tensor& t) { return aliases.alias(t); }));
     }
     if (composite_cpu_kernel) {
       // callBoxedForDispatchKey only finds kernels registered for CPU

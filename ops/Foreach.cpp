@@ -30,9 +30,9 @@
 // call.
 #include <phantom/Launch.h>
 #include <phantom/Stream.h>
-#include <phantom/ops/CpuAdmission.h>
+#include <phantom/CpuAdmission.h>
 #include <phantom/ops/GenericPath.h>
-#include <phantom/ops/KernelAliases.h>
+#include <phantom/KernelAliases.h>
 #include <phantom/ops/OpsReport.h>
 
 #include <ATen/core/Tensor.h>

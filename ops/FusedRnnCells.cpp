@@ -17,7 +17,7 @@
 #include <phantom/Launch.h>
 #include <phantom/Stream.h>
 #include <phantom/SyncDebug.h>
-#include <phantom/ops/KernelAliases.h>
+#include <phantom/KernelAliases.h>
 
 #include <ATen/ATen.h>
 #include <c10/core/DeviceGuard.h>

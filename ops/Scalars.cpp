@@ -12,10 +12,10 @@
 #include <phantom/Launch.h>
 #include <phantom/Stream.h>
 #include <phantom/SyncDebug.h>
-#include <phantom/ops/BoundsCheck.h>
-#include <phantom/ops/CpuAdmission.h>
+#include <phantom/BoundsCheck.h>
+#include <phantom/CpuAdmission.h>
 #include <phantom/ops/GenericPath.h>
-#include <phantom/ops/KernelAliases.h>
+#include <phantom/KernelAliases.h>
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/_local_scalar_dense.h>

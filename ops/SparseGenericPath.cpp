@@ -34,8 +34,8 @@
 #include <phantom/Stream.h>
 #include <phantom/SyncDebug.h>
 #include <phantom/ops/GenericPath.h>
-#include <phantom/ops/KernelAliases.h>
-#include <phantom/ops/KernelWarnings.h>
+#include <phantom/KernelAliases.h>
+#include <phantom/KernelWarnings.h>
 #include <phantom/ops/OpsReport.h>
 #include <phantom/ops/SparseGenericPath.h>
 

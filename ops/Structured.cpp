@@ -15,7 +15,7 @@
 //   3. at::cpu::<op>_out is queued, writing straight into the output.
 // The meta functions do not check what the CPU implementations check for
 // themselves, dtypes above all (`mm` of float and int64, of bool; `sigmoid`
-// of float8): a CpuAdmission (phantom/ops/CpuAdmission.h) asks the CPU
+// of float8): a CpuAdmission (phantom/CpuAdmission.h) asks the CPU
 // implementation once per call signature, over tiny host tensors, and a
 // scalar that does not convert to the call's dtypes is not taken. When an
 // argument is not a phantom tensor on the op's device (another device, a
@@ -24,9 +24,9 @@
 // path, which raises the CPU's error or runs the CPU kernel.
 #include <phantom/Launch.h>
 #include <phantom/Stream.h>
-#include <phantom/ops/CpuAdmission.h>
+#include <phantom/CpuAdmission.h>
 #include <phantom/ops/GenericPath.h>
-#include <phantom/ops/KernelAliases.h>
+#include <phantom/KernelAliases.h>
 #include <phantom/ops/OpsReport.h>
 
 #include <ATen/core/Tensor.h>

@@ -41,7 +41,8 @@ run tsan "-fsanitize=thread -fno-omit-frame-pointer"
 cmake -S . -B "$root/asan-runtime" -G Ninja -DPHANTOM_BUILD_PYTHON=OFF \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo "-DPHANTOM_SANITIZE=$asan_flags" >/dev/null
 cmake --build "$root/asan-runtime" --target phantom_runtime_tests \
-  phantom_settings_startup_tests phantom_observability_tests
+  phantom_settings_startup_tests phantom_observability_tests \
+  phantom_runtime_alone_tests
 echo "== ctest of tests/runtime under asan-runtime"
 # ASan intercepts dlopen, so the runtime's run path does not reach the
 # loader's search: name the build's driver by its path.

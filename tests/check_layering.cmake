@@ -7,6 +7,24 @@
 # entries). A static library has none, so it is checked by the symbols it
 # leaves for its user to define (nm -u, demangled): the settings parser,
 # linked into the driver, must call nothing of torch, Python or the HAL.
+#
+# With -DINCLUDES=<dir|dir...> -DFORBIDDEN_DIRS=<dir|dir...> -DLAYER=<name>
+# it checks a layer's include directories instead: none may be, or lie
+# under, a folder of a layer it may not use.
+if(DEFINED INCLUDES)
+  string(REPLACE "|" ";" includes "${INCLUDES}")
+  string(REPLACE "|" ";" forbidden_dirs "${FORBIDDEN_DIRS}")
+  foreach(dir ${includes})
+    foreach(forbidden ${forbidden_dirs})
+      if(dir STREQUAL forbidden OR dir MATCHES "^${forbidden}/")
+        message(FATAL_ERROR "${LAYER} sees the headers of a layer it may "
+          "not use: its include directories hold ${dir}")
+      endif()
+    endforeach()
+  endforeach()
+  message(STATUS "${LAYER}: no include directory under ${FORBIDDEN_DIRS}")
+  return()
+endif()
 if(LIBRARY MATCHES "\\.a$")
   execute_process(COMMAND nm -C -u "${LIBRARY}" OUTPUT_VARIABLE undefined
                   RESULT_VARIABLE result)

@@ -1,7 +1,7 @@
 // See phantom/AllocatorHistory.h for the design.
 #include <phantom/AllocatorHistory.h>
 
-#include <phantom/Launch.h>
+#include <phantom/DeviceWork.h>
 
 #include <c10/util/ApproximateClock.h>
 #include <torch/csrc/profiler/combined_traceback.h>

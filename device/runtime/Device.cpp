@@ -99,7 +99,8 @@ c10::DeviceIndex deviceCountOrThrow() {
         {__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
         PH_ERROR_NOT_INITIALIZED,
         info.error.empty()
-            ? std::string("no phantom devices: PHANTOM_DEVICE_COUNT is 0")
+            ? std::string("no phantom devices: the driver reports no "
+                          "devices")
             : "phantom driver failed to start: " + info.error);
   }
   registerForkHandlerOnce();
@@ -112,8 +113,7 @@ void checkDeviceIndex(c10::DeviceIndex index) {
               static_cast<int>(index), " is out of range: there ",
               count == 1 ? "is 1 phantom device" : "are ",
               count == 1 ? "" : std::to_string(count) + " phantom devices",
-              " (valid indices 0..", count - 1,
-              "; PHANTOM_DEVICE_COUNT sets how many)");
+              " (valid indices 0..", count - 1, ")");
 }
 
 c10::DeviceIndex currentDevice() {

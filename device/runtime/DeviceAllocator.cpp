@@ -10,8 +10,7 @@
 #include <phantom/FaultInjection.h>
 #include <phantom/PrivatePool.h>
 #include <phantom/Ipc.h>
-#include <phantom/KernelHostMemory.h>
-#include <phantom/Launch.h>
+#include <phantom/DeviceWork.h>
 #include <phantom/Stream.h>
 #include <phantom/common/settings.h>
 
@@ -1002,9 +1001,10 @@ void PhantomDeviceAllocator::emptyCache(c10::MempoolId_t /*mempool_id*/) {
   for (auto& device : devices_) {
     device->emptyCache();
   }
-  // The kernels' cached host workspace (KernelHostMemory.h) goes too, as
-  // the device's cached blocks do.
-  releaseKernelHostMemory();
+  // The kernels' cached host workspace (the CPU-kernel execution layer's,
+  // reached through phantom/DeviceWork.h) goes too, as the device's cached
+  // blocks do.
+  hostExecHooks().release_host_memory();
 }
 
 void PhantomDeviceAllocator::recordStream(const c10::DataPtr& ptr,

@@ -11,7 +11,7 @@
 #include <phantom/DeviceState.h>
 #include <phantom/Exception.h>
 #include <phantom/GpuTrace.h>
-#include <phantom/Launch.h>
+#include <phantom/DeviceWork.h>
 #include <phantom/Stream.h>
 
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -161,7 +161,8 @@ struct PhantomGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     }
     gpu_trace::eventSynchronized(event);
     PHANTOM_CHECK(ph_event_synchronize(asEvent(event)));
-    releaseFinishedWork();  // the closures of the work just waited for
+    // The closures of the work just waited for.
+    hostExecHooks().release_finished_work();
   }
 
   double elapsedTime(void* start, void* end,

@@ -2,7 +2,7 @@
 #include <phantom/Device.h>
 #include <phantom/Exception.h>
 #include <phantom/Generator.h>
-#include <phantom/Launch.h>
+#include <phantom/DeviceWork.h>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/util/Exception.h>

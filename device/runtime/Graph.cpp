@@ -11,7 +11,7 @@
 // the program can capture again.
 #include <phantom/Exception.h>
 #include <phantom/Graph.h>
-#include <phantom/Launch.h>
+#include <phantom/DeviceWork.h>
 #include <phantom/Stream.h>
 
 #include <ATen/record_function.h>
@@ -94,7 +94,7 @@ class PhantomGraphImpl final : public at::GraphImplInterface {
       // The capture gave nothing: release its memory so the program can
       // go on (and capture again after reset()).
       const std::string message = ph_last_error_message();
-      releaseFinishedWork();
+      hostExecHooks().release_finished_work();
       privatePoolRelease(pool_);
       pool_ = {0, 0};
       TORCH_CHECK(false, "phantom graph: the capture failed and was "
@@ -148,7 +148,7 @@ class PhantomGraphImpl final : public at::GraphImplInterface {
     if (graph_ != nullptr) (void)ph_graph_destroy(graph_);
     exec_ = nullptr;
     graph_ = nullptr;
-    releaseFinishedWork();  // the recorded work's tensors die now
+    hostExecHooks().release_finished_work();  // the recorded work's tensors die now
     if (had_pool) privatePoolRelease(pool_);
     pool_ = {0, 0};
   }

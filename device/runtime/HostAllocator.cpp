@@ -8,7 +8,7 @@
 // with PH_EVENT_DISABLE_TIMING).
 #include <phantom/Exception.h>
 #include <phantom/HostAllocator.h>
-#include <phantom/Launch.h>
+#include <phantom/DeviceWork.h>
 
 #include <c10/util/Exception.h>
 
@@ -182,8 +182,8 @@ void recordPinnedUse(const c10::Storage& storage,
   // Pinned memory from elsewhere (e.g. ph_host_malloc wrapped with
   // from_blob): all we can do is keep the storage alive until the stream
   // is past the copy; what its owner does with the memory is up to them.
-  launchAsync(stream, "keep pinned memory of a non_blocking copy alive",
-              [storage] {});
+  hostExecHooks().launch_async(
+      stream, "keep pinned memory of a non_blocking copy alive", [storage] {});
 }
 
 void emptyHostCache() { instance().empty_cache(); }

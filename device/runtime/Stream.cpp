@@ -4,7 +4,7 @@
 #include <phantom/Device.h>
 #include <phantom/Exception.h>
 #include <phantom/GpuTrace.h>
-#include <phantom/Launch.h>
+#include <phantom/DeviceWork.h>
 #include <phantom/Stream.h>
 
 #include <c10/util/Exception.h>
@@ -201,7 +201,8 @@ void PhantomStream::synchronize() const {
   const ph_stream_t stream = handle();
   gpu_trace::streamSynchronized(stream);
   const ph_status_t status = ph_stream_synchronize(stream);
-  releaseFinishedWork();  // the closures of the work just waited for
+  // The closures of the work just waited for.
+  hostExecHooks().release_finished_work();
   if (status != PH_SUCCESS) {
     raiseStreamError(status, *this, stream);
   }
@@ -324,7 +325,8 @@ void synchronizeAllStreams(c10::DeviceIndex device) {
       (void)ph_stream_synchronize(handle);  // a destroyed one: INVALID_HANDLE
     }
   }
-  releaseFinishedWork();  // the closures of the work just waited for
+  // The closures of the work just waited for.
+  hostExecHooks().release_finished_work();
 }
 
 std::ostream& operator<<(std::ostream& out, const PhantomStream& stream) {

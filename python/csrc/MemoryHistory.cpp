@@ -15,7 +15,7 @@
 
 #include <phantom/AllocatorHistory.h>
 #include <phantom/DeviceAllocator.h>
-#include <phantom/Launch.h>
+#include <phantom/DeviceWork.h>
 
 #include <torch/csrc/profiler/combined_traceback.h>
 #include <torch/csrc/utils/pybind.h>

@@ -223,7 +223,7 @@ KNOWN_WARNING_DIFFERENCES = {
 
 def _same_warnings(phantom, cpu):
     """A kernel's warnings come once, at the call, as on the CPU
-    (ops/KernelWarnings.cpp); conftest.py turns TORCH_WARN_ONCE into
+    (device/hostexec/KernelWarnings.cpp); conftest.py turns TORCH_WARN_ONCE into
     per-call warnings so that the order of the tests does not matter."""
     def compared(warned):
         return [w for w in warned

@@ -1,5 +1,5 @@
 """Small kernels that split over whole outputs run on one OpenMP thread on
-the stream worker (ops/phantom/ops/KernelThreads.h): no OpenMP team is woken
+the stream worker (device/hostexec/phantom/KernelThreads.h): no OpenMP team is woken
 for them, larger kernels still get one, and the answers are the CPU's bits
 computed on all of its threads."""
 import pytest

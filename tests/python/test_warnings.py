@@ -1,5 +1,5 @@
 """A warning a kernel raises appears once, at the call, in the caller's
-thread, whichever path the op took on phantom (ops/KernelWarnings.cpp):
+thread, whichever path the op took on phantom (device/hostexec/KernelWarnings.cpp):
 
 - the asynchronous half, first call of a call signature (the trial run's
   warnings) and later, remembered calls (queued without a trial);

@@ -383,7 +383,8 @@ void GlooStagingCommunicator::allToAll(const DeviceBuffer& send,
               works.push_back(data()->alltoall_base(out, in, out_splits, in_splits));
             };
             job.steps.push_back(std::move(step));
-            job.split_checks.push_back({job.calls.size() - 1, send_counts, recv_counts});
+            job.split_checks.push_back(
+                {job.calls.size() - 1, send_counts, recv_counts, {}, {}});
           });
 }
 

@@ -1,7 +1,7 @@
 // Devices: count, selection and validation of indices.
 //
 // The device count is read from the driver once and cached; a driver that
-// fails to start (for example because PHANTOM_DEVICE_COUNT is malformed)
+// fails to start (for example because one of its settings is malformed)
 // counts as zero devices, and the driver's reason is kept so that every
 // attempt to use the device raises it instead of a vague "no device".
 // The current device is per thread, as in CUDA, and is kept by the driver.

@@ -1,6 +1,12 @@
-// The two halves of the generic path (see Fallback.cpp and
-// AsyncFallback.cpp). Internal to ops/.
+// The generic path: an op's CPU kernel run over device memory. Its
+// synchronous half (Fallback.cpp), its asynchronous half
+// (AsyncFallback.cpp, with MetaMirror.cpp and RememberedOutputs.cpp) and
+// the copying fallback for drivers without a kernel view
+// (CopyingFallback.cpp). Internal to ops/; the machinery they run kernels
+// with is the CPU-kernel execution layer's (device/hostexec).
 #pragma once
+
+#include <phantom/Generator.h>
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -8,7 +14,9 @@
 #include <c10/util/Exception.h>
 #include <c10/util/SmallVector.h>
 
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace phantom {
@@ -47,6 +55,61 @@ inline bool isGeneratorArgument(const c10::Argument& argument) {
   const auto optional = type->cast<c10::OptionalType>();
   return optional &&
          optional->getElementType()->kind() == c10::TypeKind::GeneratorType;
+}
+
+// `value` with `f` applied to each tensor in it, for a tensor or a list of
+// tensors or of optional tensors (None stays None); nullopt for a value of
+// any other kind.
+template <typename F>
+std::optional<c10::IValue> mapTensors(const c10::IValue& value, F&& f) {
+  if (value.isTensor()) {
+    return c10::IValue(f(value.toTensor()));
+  }
+  if (value.isTensorList()) {
+    c10::List<at::Tensor> list;
+    for (const at::Tensor& t : value.toTensorList()) {
+      list.push_back(f(t));
+    }
+    return c10::IValue(std::move(list));
+  }
+  if (value.isOptionalTensorList()) {
+    c10::List<std::optional<at::Tensor>> list;
+    for (const std::optional<at::Tensor>& t : value.toOptionalTensorList()) {
+      list.push_back(t.has_value() ? std::optional<at::Tensor>(f(*t))
+                                   : std::nullopt);
+    }
+    return c10::IValue(std::move(list));
+  }
+  return std::nullopt;
+}
+
+// An op's argument `arg` as its CPU kernel takes it, on device `device`:
+// each phantom tensor in it (alone or in a list) becomes `to_host(tensor)`,
+// a CPU tensor with its contents (an alias of its device memory in the
+// kernel view, or a host copy without one); the Generator? argument
+// becomes the CPU generator behind the device's; a phantom device becomes
+// the CPU; everything else is passed as it is.
+template <typename ToHost>
+c10::IValue cpuKernelArgument(const c10::IValue& arg,
+                              const c10::Argument& schema_arg,
+                              c10::DeviceIndex device, ToHost&& to_host) {
+  if (isGeneratorArgument(schema_arg)) {
+    std::optional<at::Generator> generator;
+    if (arg.isGenerator()) {
+      generator = arg.toGenerator();
+    }
+    return cpuGeneratorFor(generator, device);
+  }
+  if (std::optional<c10::IValue> mapped =
+          mapTensors(arg, [&](const at::Tensor& t) -> at::Tensor {
+            return isPhantom(t) ? to_host(t) : t;
+          })) {
+    return *std::move(mapped);
+  }
+  if (arg.isDevice() && arg.toDevice().type() == c10::DeviceType::PrivateUse1) {
+    return c10::Device(c10::kCPU);
+  }
+  return arg;
 }
 
 // Raises the error for an op given tensors of two devices `a` and `b`

@@ -1,7 +1,7 @@
 // How many OpenMP threads a queued CPU kernel runs with.
 //
 // The stream worker runs the CPU's kernels with the launching thread's
-// thread count (device/runtime/Launch.cpp, useThreadCount): many CPU
+// thread count (device/hostexec/Launch.cpp, useThreadCount): many CPU
 // kernels split a reduction by thread, so the count decides their bits (docs/performance.md, "Training steps: what is left"). A few
 // kernels, though, call at::parallel_for with a grain of 1 and give each
 // thread whole outputs, each computed the same way whatever the split. On a

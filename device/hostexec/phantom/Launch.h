@@ -9,8 +9,15 @@
 // as it was raised and the stream stays usable. Its callers first report
 // the wait to torch.phantom.set_sync_debug_mode (phantom/SyncDebug.h,
 // noteHostWait), with the reason the host has to wait.
+//
+// This is the CPU-kernel execution layer's (device/hostexec): the runtime
+// does not link it, and reaches it only through the hooks this layer
+// installs when it is loaded (phantom/DeviceWork.h, HostExecHooks): the
+// runtime's waits call releaseFinishedWork, and the host allocator queues
+// its keep-alive work with launchAsync.
 #pragma once
 
+#include <phantom/DeviceWork.h>  // inDeviceWork, currentWorkStream
 #include <phantom/Stream.h>
 
 #include <functional>
@@ -28,16 +35,8 @@ void launchAndWait(const PhantomStream& stream, const char* name,
 // allocated is freed on a host thread (Launch.cpp, FinishedWork). Called
 // at every launch and synchronize, so what a closure kept alive (a pinned
 // buffer of a non_blocking copy) is freed by the time a synchronize
-// returns. Does nothing inside device work. True if it destroyed any.
+// returns (the runtime calls it after every wait, through its hook). Does
+// nothing inside device work. True if it destroyed any.
 bool releaseFinishedWork() noexcept;
-
-// True while the calling thread is running work launched by
-// the two calls above. Host-only operations, such as waiting for the
-// device, must not be done from there.
-bool inDeviceWork() noexcept;
-
-// The driver stream whose work the calling thread is running, or nullptr
-// on a host thread.
-ph_stream_t currentWorkStream() noexcept;
 
 }  // namespace phantom

@@ -1,5 +1,5 @@
-// See phantom/ops/BoundsCheck.h.
-#include <phantom/ops/BoundsCheck.h>
+// See phantom/BoundsCheck.h.
+#include <phantom/BoundsCheck.h>
 
 #include <c10/util/Exception.h>
 

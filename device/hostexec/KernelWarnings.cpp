@@ -27,7 +27,7 @@
 // The queued run's warnings are dropped: they were delivered at the call.
 // Warnings a Python Meta kernel raises with `warnings.warn` are Python's
 // own and are not seen here.
-#include <phantom/ops/KernelWarnings.h>
+#include <phantom/KernelWarnings.h>
 
 #include <variant>
 

@@ -1,6 +1,6 @@
 // One OpenMP thread for small kernels that split over whole outputs; the
-// design is in phantom/ops/KernelThreads.h.
-#include <phantom/ops/KernelThreads.h>
+// design is in phantom/KernelThreads.h.
+#include <phantom/KernelThreads.h>
 
 #include <ATen/Parallel.h>
 #include <ATen/TensorIterator.h>  // at::internal::GRAIN_SIZE

@@ -11,7 +11,7 @@
 //
 // So once device work has run, the process's CPU allocator is wrapped:
 // an allocation of kMinCachedBytes or more made by a thread that is
-// running device work (inDeviceWork(), Launch.h) is served from a cache of
+// running device work (inDeviceWork(), DeviceWork.h) is served from a cache of
 // freed blocks of the same rounded size, and goes back there when freed,
 // from whichever thread frees it; every other allocation goes to the
 // allocator that was installed before, untouched. The cache keeps at most

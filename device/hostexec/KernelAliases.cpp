@@ -1,7 +1,7 @@
-// See phantom/ops/KernelAliases.h.
+// See phantom/KernelAliases.h.
 #include <phantom/Exception.h>
-#include <phantom/ops/BoundsCheck.h>
-#include <phantom/ops/KernelAliases.h>
+#include <phantom/BoundsCheck.h>
+#include <phantom/KernelAliases.h>
 
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>

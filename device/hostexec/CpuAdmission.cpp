@@ -1,8 +1,8 @@
-// See phantom/ops/CpuAdmission.h. A signature is a short byte string (a
+// See phantom/CpuAdmission.h. A signature is a short byte string (a
 // tag and a few bytes per argument: most fit the string's inline buffer,
 // so building one allocates nothing); the answers are a hash map behind
 // one uncontended lock per native kernel.
-#include <phantom/ops/CpuAdmission.h>
+#include <phantom/CpuAdmission.h>
 
 #include <ATen/ops/ones.h>
 

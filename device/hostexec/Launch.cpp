@@ -1,4 +1,5 @@
 // See phantom/Launch.h.
+#include <phantom/DeviceWork.h>
 #include <phantom/Exception.h>
 #include <phantom/FaultInjection.h>
 #include <phantom/KernelHostMemory.h>
@@ -15,40 +16,6 @@
 
 namespace phantom {
 namespace {
-
-thread_local ph_stream_t work_stream = nullptr;
-
-// Marks the calling thread as running work of `stream`, and makes the
-// stream's device and the stream itself current there, so allocations the
-// work makes land on that device and belong to that stream. The thread is
-// usually the stream's worker, but a driver may run waited work on the
-// host thread that asked for it (ph_run_host_func), so the host's current
-// device and stream are restored afterwards.
-class InDeviceWork {
- public:
-  explicit InDeviceWork(const PhantomStream& stream)
-      : previous_(work_stream),
-        previous_stream_(getCurrentPhantomStream(stream.device_index())) {
-    PHANTOM_CHECK(ph_get_device(&previous_device_));
-    work_stream = stream.handle();
-    if (previous_device_ != stream.device_index()) {
-      PHANTOM_CHECK(ph_set_device(stream.device_index()));
-    }
-    if (previous_stream_ != stream) {
-      setCurrentPhantomStream(stream);
-    }
-  }
-  ~InDeviceWork() {
-    work_stream = previous_;
-    setCurrentPhantomStream(previous_stream_);
-    (void)ph_set_device(previous_device_);
-  }
-
- private:
-  ph_stream_t previous_;
-  PhantomStream previous_stream_;
-  int previous_device_ = 0;
-};
 
 // The OpenMP thread count a kernel runs with on the worker: the launching
 // thread's (at::get_num_threads() there), as if that thread ran the CPU op
@@ -99,7 +66,7 @@ struct AsyncWork {
   static ph_status_t run(void* self, char* error, size_t error_size) {
     auto* state = static_cast<AsyncWork*>(self);
     try {
-      InDeviceWork scope(state->stream);
+      DeviceWorkScope scope(state->stream);
       useThreadCount(state->threads);
       state->work();
       return PH_SUCCESS;
@@ -177,7 +144,7 @@ struct WaitedWork {
   static ph_status_t run(void* self, char*, size_t) {
     auto* state = static_cast<std::shared_ptr<WaitedWork>*>(self)->get();
     try {
-      InDeviceWork scope(state->stream);
+      DeviceWorkScope scope(state->stream);
       useThreadCount(state->threads);
       state->work();
       state->work = nullptr;  // drop captures on the worker, while it is ours
@@ -244,12 +211,18 @@ void launchAndWait(const PhantomStream& stream, const char* name,
   }
 }
 
-bool inDeviceWork() noexcept {
-  return work_stream != nullptr;
-}
+namespace {
 
-ph_stream_t currentWorkStream() noexcept {
-  return work_stream;
-}
+// The runtime reaches this layer only through these (phantom/DeviceWork.h).
+[[maybe_unused]] const bool hooks_installed = [] {
+  HostExecHooks hooks;
+  hooks.launch_async = &launchAsync;
+  hooks.release_finished_work = &releaseFinishedWork;
+  hooks.release_host_memory = []() noexcept { releaseKernelHostMemory(); };
+  setHostExecHooks(hooks);
+  return true;
+}();
+
+}  // namespace
 
 }  // namespace phantom

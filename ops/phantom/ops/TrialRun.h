@@ -1,0 +1,258 @@
+// The generic path's asynchronous half, part 3: the trial run
+// (RememberedOutputs.h says when it runs and why).
+//
+// The op's CPU kernel run once on the host, over zeroed host memory laid
+// out like the arguments' device memory: the CPU's own answer for a call
+// signature (outputs, and how it changes its arguments), found at the call
+// and without waiting for the stream. Each phantom storage becomes one
+// zeroed buffer covering the bytes the call's tensors span in it (calloc:
+// pages nobody touches cost nothing), so views keep their overlaps; a
+// tensor passed twice is one CPU tensor twice. Random ops draw from a
+// fresh generator, not the device's or the CPU's. An error the kernel
+// raises here is a property of the arguments (a dimension out of range, a
+// dtype it refuses), or of zeros (an integer division by zero, pivots of
+// 0): a second trial then runs on ones, and if that raises too the call
+// takes the synchronous path, where the real data decides.
+#pragma once
+
+#include <phantom/ops/GenericPath.h>
+#include <phantom/ops/MetaMirror.h>
+#include <phantom/ops/RememberedOutputs.h>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/stack.h>
+#include <c10/core/CPUAllocator.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+namespace phantom {
+namespace async_path {
+
+class TrialRun {
+ public:
+  // `ones`: every phantom tensor holds ones instead of zeros.
+  TrialRun(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args,
+           bool ones = false)
+      : ones_(ones) {
+    for (const c10::IValue& arg : args) {
+      std::vector<at::Tensor> tensors;
+      flatten(arg, tensors);
+      if (arg.isOptionalTensorList()) {
+        for (const std::optional<at::Tensor>& t : arg.toOptionalTensorList()) {
+          if (t.has_value()) tensors.push_back(*t);
+        }
+      }
+      for (const at::Tensor& t : tensors) span(t);
+    }
+    int64_t total = 0;
+    for (const auto& [key, buffer] : buffers_) {
+      if (buffer.hi > buffer.lo) total += buffer.hi - buffer.lo;
+    }
+    if (total > kMaxBytes) {
+      feasible_ = false;
+      return;
+    }
+    for (auto& [key, buffer] : buffers_) allocate(buffer);
+    stack_.reserve(args.size());
+    for (size_t i = 0; i < args.size(); ++i) {
+      // A random op draws from a fresh generator, given or not (None would
+      // draw from the CPU's default one).
+      stack_.push_back(isGeneratorArgument(schema.arguments()[i])
+                           ? c10::IValue(at::detail::createCPUGenerator())
+                           : trialOf(args[i]));
+    }
+    for (size_t i = 0; i < args.size(); ++i) {
+      if (args[i].isTensor() && isPhantom(args[i].toTensor()) &&
+          args[i].toTensor().layout() == c10::kStrided) {
+        const at::Tensor& trial = stack_[i].toTensor();
+        before_.push_back(ArgumentGeometry::of(i, trial));
+        arguments_.emplace_back(i, trial);
+      }
+    }
+  }
+
+  // Largest argument memory a trial copies (the buffers' total); a call
+  // over more waits instead: the trial would cost as much as the kernel,
+  // and a kernel that writes its arguments would fault in that much host
+  // memory.
+  static constexpr int64_t kMaxBytes = int64_t{64} << 20;
+
+  // False when the arguments span more than kMaxBytes: no trial runs.
+  bool feasible() const { return feasible_; }
+
+  // Runs the CPU kernel; false (with its message) if it raised.
+  bool run(const c10::OperatorHandle& op, std::string* error) {
+    if (!supported_) {
+      *error = "an argument is not a strided tensor";
+      return false;
+    }
+    try {
+      if (op.hasKernelForDispatchKey(c10::DispatchKey::CPU)) {
+        op.callBoxedForDispatchKey(c10::DispatchKey::CPU, stack_);
+      } else {
+        op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &stack_);
+      }
+    } catch (const c10::Error& e) {
+      *error = e.what_without_backtrace();
+      return false;
+    } catch (const std::exception& e) {
+      *error = e.what();
+      return false;
+    }
+    return true;
+  }
+
+  // After run(): the CPU's answer, as queued work can carry it out; false
+  // when it cannot (a result that is a view of an argument, an argument
+  // whose storage or conj/neg bit the kernel changed).
+  bool answer(Remembered* out) const {
+    for (size_t k = 0; k < arguments_.size(); ++k) {
+      const ArgumentGeometry& was = before_[k];
+      const ArgumentGeometry now = ArgumentGeometry::of(was.index, arguments_[k].second);
+      if (now.storage != was.storage || now.conj != was.conj || now.neg != was.neg) {
+        return false;
+      }
+      if (now.sizes != was.sizes || now.strides != was.strides || now.offset != was.offset) {
+        // Resized (out=), once per tensor; in device terms, undoing the
+        // buffer's shift.
+        const c10::TensorImpl* impl = arguments_[k].second.unsafeGetTensorImpl();
+        if (std::none_of(arguments_.begin(), arguments_.begin() + k, [&](const auto& a) {
+              return a.second.unsafeGetTensorImpl() == impl;
+            })) {
+          ArgumentGeometry resize = now;
+          resize.offset += shifts_.at(impl);
+          out->resizes.push_back(std::move(resize));
+        }
+      }
+    }
+    return rememberResults(stack_, out, [&](const at::Tensor& t, RememberedOutput* result) {
+      for (const auto& [index, trial] : arguments_) {
+        if (trial.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) {
+          *result = RememberedOutput::argumentAt(index);
+          return true;
+        }
+      }
+      if (t.layout() != c10::kStrided) return false;
+      if (t.has_storage() && buffers_by_storage_.count(t.storage().unsafeGetStorageImpl())) {
+        return false;  // a view of an argument
+      }
+      for (const c10::IValue& host : hosts_) {
+        if (t.has_storage() && host.toTensor().has_storage() &&
+            t.storage().is_alias_of(host.toTensor().storage())) {
+          return false;  // a view of a host argument
+        }
+      }
+      *result = RememberedOutput::freshLike(t);
+      return true;
+    });
+  }
+
+ private:
+  struct Buffer {
+    int64_t lo = std::numeric_limits<int64_t>::max();  // bytes
+    int64_t hi = 0;
+    c10::Storage storage;
+  };
+
+  static constexpr int64_t kAlignment = 64;
+
+  static void fillWithOnes(const at::Tensor& t) {
+    try {
+      t.fill_(1);
+    } catch (const std::exception&) {
+      // An expanded view (overlapping elements) keeps its zeros.
+    }
+  }
+
+  void span(const at::Tensor& t) {
+    if (!isPhantom(t) || t.layout() != c10::kStrided) return;
+    Buffer& buffer = buffers_[t.storage().unsafeGetStorageImpl()];
+    if (t.numel() == 0) return;
+    const int64_t itemsize = static_cast<int64_t>(t.dtype().itemsize());
+    int64_t last = t.storage_offset();
+    for (int64_t d = 0; d < t.dim(); ++d) last += (t.size(d) - 1) * t.stride(d);
+    buffer.lo = std::min(buffer.lo, t.storage_offset() * itemsize);
+    buffer.hi = std::max(buffer.hi, (last + 1) * itemsize);
+  }
+
+  void allocate(Buffer& buffer) {
+    if (buffer.hi <= buffer.lo) {
+      buffer.lo = 0;
+      buffer.hi = 0;
+    }
+    buffer.lo -= buffer.lo % kAlignment;
+    const size_t nbytes = static_cast<size_t>(buffer.hi - buffer.lo);
+    void* data = nbytes == 0 ? nullptr : std::calloc(nbytes, 1);
+    TORCH_CHECK(nbytes == 0 || data != nullptr, "phantom: cannot allocate ",
+                nbytes, " bytes of host memory for the trial run of a call");
+    buffer.storage = c10::Storage(
+        c10::Storage::use_byte_size_t(), nbytes,
+        c10::DataPtr(data, data, &std::free, c10::Device(c10::kCPU)),
+        c10::GetCPUAllocator(), /*resizable=*/true);
+    buffers_by_storage_.insert(buffer.storage.unsafeGetStorageImpl());
+  }
+
+  at::Tensor trialOf(const at::Tensor& t) {
+    if (!isPhantom(t)) {
+      if (t.defined()) hosts_.emplace_back(t);
+      return t;
+    }
+    const auto known = by_impl_.find(t.unsafeGetTensorImpl());
+    if (known != by_impl_.end()) return known->second;
+    at::Tensor trial;
+    if (t.layout() != c10::kStrided) {
+      supported_ = false;  // run() declines
+      trial = t;
+    } else {
+      const Buffer& buffer = buffers_.at(t.storage().unsafeGetStorageImpl());
+      const int64_t itemsize = static_cast<int64_t>(t.dtype().itemsize());
+      const int64_t shift = t.numel() == 0 ? t.storage_offset() : buffer.lo / itemsize;
+      trial = at::detail::make_tensor<c10::TensorImpl>(
+          c10::Storage(buffer.storage), c10::DispatchKeySet(c10::DispatchKey::CPU),
+          t.dtype());
+      trial.unsafeGetTensorImpl()->set_sizes_and_strides(
+          t.sizes(), t.strides(), t.storage_offset() - shift);
+      trial.unsafeGetTensorImpl()->_set_conj(t.is_conj());
+      trial.unsafeGetTensorImpl()->_set_neg(t.is_neg());
+      shifts_.emplace(trial.unsafeGetTensorImpl(), shift);
+      if (ones_) fillWithOnes(trial);
+    }
+    by_impl_.emplace(t.unsafeGetTensorImpl(), trial);
+    return trial;
+  }
+
+  c10::IValue trialOf(const c10::IValue& value) {
+    if (std::optional<c10::IValue> mapped = mapTensors(
+            value, [this](const at::Tensor& t) { return trialOf(t); })) {
+      return *mapped;
+    }
+    if (value.isDevice() && value.toDevice().type() == c10::DeviceType::PrivateUse1) {
+      return c10::Device(c10::kCPU);
+    }
+    return value;
+  }
+
+  std::unordered_map<const c10::StorageImpl*, Buffer> buffers_;  // by phantom storage
+  std::unordered_set<const c10::StorageImpl*> buffers_by_storage_;  // trial storages
+  std::unordered_map<const c10::TensorImpl*, at::Tensor> by_impl_;  // phantom -> trial
+  std::unordered_map<const c10::TensorImpl*, int64_t> shifts_;  // trial -> offset shift
+  std::vector<c10::IValue> hosts_;  // host tensors passed as they are
+  std::vector<std::pair<size_t, at::Tensor>> arguments_;  // index, trial tensor
+  std::vector<ArgumentGeometry> before_;  // of arguments_, before the run
+  torch::jit::Stack stack_;
+  bool ones_;
+  bool feasible_ = true;
+  bool supported_ = true;
+};
+
+}  // namespace async_path
+}  // namespace phantom
