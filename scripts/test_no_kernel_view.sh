@@ -23,7 +23,7 @@
 # their reason; under the remote driver so are those marked
 # requires_fake_driver (the fake's test settings, and the OPTIONAL sections
 # the remote driver lacks: telemetry, interprocess sharing, the activity
-# trace, graph capture). The sample counts only runnable tests. Extra
+# trace). The sample counts only runnable tests. Extra
 # arguments go to pytest. Run from the tests folder so the installed
 # package is used.
 #

@@ -246,9 +246,10 @@ def _select_without_kernel_view(config, items):
 # --------------------------------------------------------------------------
 #
 # A test marked ``@pytest.mark.requires_fake_driver("why")`` uses what only
-# the fake driver offers: its test-only settings (PHANTOM_FAKE_*, fault
-# injection), or an OPTIONAL HAL section the remote driver lacks (telemetry,
-# interprocess sharing, the activity trace, graph capture). Under another
+# the fake driver offers: its test-only settings (PHANTOM_FAKE_*), or an
+# OPTIONAL HAL section the remote driver lacks (telemetry, interprocess
+# sharing, the activity trace; graph capture needs the kernel view anyway,
+# so its tests are requires_kernel_view). Under another
 # driver (PHANTOM_DRIVER naming a library other than libphantom_fake.so) it
 # is skipped with its reason. The driver is read from the setting, not from
 # the runtime, so collecting the suite does not start a remote server.
