@@ -44,14 +44,16 @@ at::Tensor binaryCrossEntropyBanned(const at::Tensor&, const at::Tensor&,
                                     int64_t) {
   TORCH_CHECK(false,
               "torch.nn.functional.binary_cross_entropy and torch.nn.BCELoss "
-              "are unsafe to autocast on phantom (as on CUDA): a float16 "
+              "are unsafe to autocast on ", c10::get_privateuse1_backend(),
+              " (as on CUDA): a float16 "
               "input can round probabilities to 0 or 1. Many models use a "
               "sigmoid layer right before the binary cross entropy layer; "
               "combine the two with "
               "torch.nn.functional.binary_cross_entropy_with_logits or "
               "torch.nn.BCEWithLogitsLoss, which are safe to autocast. To "
-              "keep BCELoss, disable autocast around it (torch.autocast("
-              "\"phantom\", enabled=False)) and pass float32 inputs.");
+              "keep BCELoss, disable autocast around it (torch.autocast(\"",
+              c10::get_privateuse1_backend(),
+              "\", enabled=False)) and pass float32 inputs.");
 }
 
 }  // namespace

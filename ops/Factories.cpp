@@ -29,7 +29,8 @@ c10::Device targetDevice(std::optional<c10::Device> device) {
 void checkLayoutAndPinning(std::optional<c10::Layout> layout,
                            std::optional<bool> pin_memory) {
   TORCH_CHECK(layout.value_or(c10::Layout::Strided) == c10::Layout::Strided,
-              "phantom supports only strided (dense) tensors, got layout ",
+              c10::get_privateuse1_backend(),
+              " supports only strided (dense) tensors, got layout ",
               layout.value_or(c10::Layout::Strided));
   TORCH_CHECK(!pin_memory.value_or(false),
               "pin_memory=True applies only to CPU tensors; create the tensor "

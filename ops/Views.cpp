@@ -31,7 +31,8 @@ void resizeImpl(c10::TensorImpl* self, c10::IntArrayRef size,
     return;
   }
   for (const int64_t dim : size) {
-    TORCH_CHECK(dim >= 0, "cannot resize a phantom tensor to size ", size,
+    TORCH_CHECK(dim >= 0, "cannot resize a ", c10::get_privateuse1_backend(),
+                " tensor to size ", size,
                 ": dimension ", dim, " is negative; every size must be >= 0");
   }
   const int64_t itemsize = static_cast<int64_t>(self->dtype().itemsize());

@@ -82,6 +82,14 @@ def main() -> int:
         refused = str(error)
     check("device arguments are read under the new name",
           refused.startswith(f"expected a {name} device, got 'cpu'"), refused)
+    try:
+        torch.ones(1, device=f"{name}:{count}")
+        out_of_range = ""
+    except RuntimeError as error:
+        out_of_range = str(error)
+    check("the runtime's errors name the device under the new name",
+          out_of_range.startswith(f"{name} device index {count} is out of range")
+          and f" {name} device" in out_of_range, out_of_range)
 
     stream = module.Stream()
     with module.stream(stream):

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Every test, from a fresh machine: install, build the package and the
-# GoogleTest suites, run ctest (HAL conformance, fake driver, runtime), the
+# GoogleTest suites, run ctest (HAL conformance on both drivers, fake and
+# remote driver, runtime, the build configured with the remote driver), the
 # driver suites again under ASan+UBSan and TSan, the runtime suite under
 # ASan+UBSan, the HAL fuzzer for a minute, the package built under another
 # backend name with a smoke test (RENAME_TEST=0 skips it), and pytest
 # (user-facing behaviour, a sample of it again under the stream race
 # detector (RACE_SUITE=0 skips that) and on a driver without a kernel view
-# (NO_KERNEL_VIEW_TEST=0 skips that), PyTorch's OpInfo database, and the
+# (NO_KERNEL_VIEW_TEST=0 skips that) and on the remote driver
+# (REMOTE_DRIVER_TEST=0 skips that), PyTorch's OpInfo database, and the
 # libraries people train with).
 # Exits non-zero if any test fails.
 set -euo pipefail
@@ -43,6 +45,11 @@ fi
 # skips it.
 if [ "${NO_KERNEL_VIEW_TEST:-1}" != 0 ]; then
   bash scripts/test_no_kernel_view.sh || status=1
+fi
+# The same sample on the second driver, the out-of-process remote device
+# (docs/remote-driver.md): under 4 minutes. REMOTE_DRIVER_TEST=0 skips it.
+if [ "${REMOTE_DRIVER_TEST:-1}" != 0 ]; then
+  DRIVER=remote bash scripts/test_no_kernel_view.sh || status=1
 fi
 # PyTorch's OpInfo database on phantom against the CPU (docs/conformance.md).
 (cd tests/conformance && python3 -m pytest -q -p no:cacheprovider .) || status=1

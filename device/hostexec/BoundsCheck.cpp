@@ -1,13 +1,14 @@
 // See phantom/BoundsCheck.h.
 #include <phantom/BoundsCheck.h>
 
+#include <c10/core/DeviceType.h>
 #include <c10/util/Exception.h>
 
 namespace phantom {
 
 void raiseOutsideStorage(const at::Tensor& tensor, int64_t begin, int64_t end,
                          const char* where) {
-  TORCH_CHECK(false, "a phantom tensor",
+  TORCH_CHECK(false, "a ", c10::get_privateuse1_backend(), " tensor",
               where != nullptr ? std::string(" passed to ") + where
                                : std::string(),
               " is a view that needs bytes [", begin, ", ", end,

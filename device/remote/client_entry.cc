@@ -631,8 +631,9 @@ ph_status_t ph_event_create(unsigned flags, ph_event_t* out_event) {
     }
     if ((flags & PH_EVENT_INTERPROCESS) != 0) {
       return Fail(PH_ERROR_UNIMPLEMENTED,
-                  "ph_event_create: the phantom remote driver cannot share "
-                  "events between processes (PH_EVENT_INTERPROCESS)");
+                  "ph_event_create: this driver cannot share device memory "
+                  "or events with other processes (PH_EVENT_INTERPROCESS; the "
+                  "phantom remote driver offers no ph_ipc_* calls)");
     }
     Message request;
     request.a[0] = flags;

@@ -22,6 +22,7 @@
 #include <thread>
 
 #include "client_memory.h"
+#include "host_access_message.h"
 
 extern char** environ;
 
@@ -236,6 +237,7 @@ ph_status_t StartLocked(State& state) {
                            &error)) {
     return Fail(PH_ERROR_NOT_INITIALIZED, error);
   }
+  InstallHostAccessMessage();
   state.owner_pid = ::getpid();
   return PH_SUCCESS;
 }

@@ -3,6 +3,7 @@
 #include <phantom/Exception.h>
 #include <phantom/Settings.h>
 
+#include <c10/core/DeviceType.h>
 #include <c10/util/Exception.h>
 
 #include <pthread.h>
@@ -76,14 +77,16 @@ bool inBadFork() noexcept {
 }
 
 void throwBadFork() {
-  TORCH_CHECK(false,
-              "cannot use the phantom device in a forked child process: the "
-              "parent had initialised it, and the device's worker threads do "
-              "not exist in the child (cannot re-initialize phantom in forked "
-              "subprocess). Use the 'spawn' or 'forkserver' start method "
-              "(torch.multiprocessing.set_start_method('spawn')), or do not "
-              "touch phantom in the child (e.g. DataLoader workers should load "
-              "CPU tensors; move them to phantom in the main process)");
+  const std::string name = c10::get_privateuse1_backend();
+  TORCH_CHECK(false, "cannot use the ", name,
+              " device in a forked child process: the parent had initialised "
+              "it, and the device's worker threads do not exist in the child "
+              "(cannot re-initialize ", name,
+              " in forked subprocess). Use the 'spawn' or 'forkserver' start "
+              "method (torch.multiprocessing.set_start_method('spawn')), or do "
+              "not touch ", name,
+              " in the child (e.g. DataLoader workers should load CPU tensors; "
+              "move them to ", name, " in the main process)");
 }
 
 c10::DeviceIndex deviceCountOrThrow() {
@@ -99,8 +102,8 @@ c10::DeviceIndex deviceCountOrThrow() {
         {__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
         PH_ERROR_NOT_INITIALIZED,
         info.error.empty()
-            ? std::string("no phantom devices: the driver reports no "
-                          "devices")
+            ? "no " + c10::get_privateuse1_backend() +
+                  " devices: the driver reports no devices"
             : "phantom driver failed to start: " + info.error);
   }
   registerForkHandlerOnce();
@@ -109,10 +112,13 @@ c10::DeviceIndex deviceCountOrThrow() {
 
 void checkDeviceIndex(c10::DeviceIndex index) {
   const c10::DeviceIndex count = deviceCountOrThrow();
-  TORCH_CHECK(index >= 0 && index < count, "phantom device index ",
-              static_cast<int>(index), " is out of range: there ",
-              count == 1 ? "is 1 phantom device" : "are ",
-              count == 1 ? "" : std::to_string(count) + " phantom devices",
+  if (C10_LIKELY(index >= 0 && index < count)) return;
+  const std::string name = c10::get_privateuse1_backend();
+  TORCH_CHECK(false, name, " device index ", static_cast<int>(index),
+              " is out of range: there ",
+              count == 1 ? "is 1 " + name + " device"
+                         : "are " + std::to_string(count) + " " + name +
+                               " devices",
               " (valid indices 0..", count - 1, ")");
 }
 

@@ -14,6 +14,8 @@
 #include <phantom/Stream.h>
 #include <phantom/common/settings.h>
 
+#include <c10/core/Device.h>
+#include <c10/core/DeviceType.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -706,11 +708,12 @@ class DeviceCachingAllocator {
                                  : std::string(", and the device has no free "
                                                "range that large"))
             : std::string();
-    const std::string where = "phantom out of memory: tried to allocate " +
-                              formatBytes(requested) + " (" +
-                              std::to_string(requested) + " bytes) on phantom:" +
-                              std::to_string(static_cast<int>(device_)) +
-                              segment + ". ";
+    const std::string where =
+        c10::get_privateuse1_backend() + " out of memory: tried to allocate " +
+        formatBytes(requested) + " (" + std::to_string(requested) +
+        " bytes) on " +
+        c10::Device(c10::DeviceType::PrivateUse1, device_).str() + segment +
+        ". ";
     const std::string accounting =
         "allocated by PyTorch " + formatBytes(allocated) +
         "; reserved by PyTorch " + formatBytes(reserved) + " (" +
@@ -725,8 +728,9 @@ class DeviceCachingAllocator {
           OutOfMemoryError, false, where,
           "The per-process memory fraction ", fraction_text, " lets this "
           "process use ", formatBytes(allowed), " of the device's ",
-          formatBytes(total), "; ", accounting, ". Raise it with "
-          "torch.phantom.set_per_process_memory_fraction(f, device=",
+          formatBytes(total), "; ", accounting, ". Raise it with torch.",
+          c10::get_privateuse1_backend(),
+          ".set_per_process_memory_fraction(f, device=",
           static_cast<int>(device_), ") (f up to 1.0), or free tensors you no "
           "longer need.");
     }
@@ -916,7 +920,7 @@ c10::DataPtr PhantomDeviceAllocator::allocateOn(size_t nbytes,
   // block; such a size is a negative one converted to unsigned.
   TORCH_CHECK_WITH(OutOfMemoryError,
                    nbytes <= static_cast<size_t>(PTRDIFF_MAX),
-                   "phantom: cannot allocate ", nbytes,
+                   c10::get_privateuse1_backend(), ": cannot allocate ", nbytes,
                    " bytes: the size is larger than any device can hold (a "
                    "negative size converted to unsigned?); check the sizes "
                    "passed to the tensor or storage");
@@ -1018,14 +1022,13 @@ void PhantomDeviceAllocator::recordStream(const c10::DataPtr& ptr,
     return;  // not our memory (or empty): nothing to track
   }
   TORCH_CHECK(stream.device_type() == c10::DeviceType::PrivateUse1,
-              "record_stream needs a phantom stream, got a stream of ",
-              stream.device_type());
+              "record_stream needs a ", c10::get_privateuse1_backend(),
+              " stream, got a stream of ", stream.device_type());
   auto* block = static_cast<Block*>(ptr.get_context());
   TORCH_CHECK(stream.device_index() == block->device,
-              "record_stream: the stream is on phantom:",
-              static_cast<int>(stream.device_index()),
-              " but the tensor's memory is on phantom:",
-              static_cast<int>(block->device));
+              "record_stream: the stream is on ", stream.device(),
+              " but the tensor's memory is on ",
+              c10::Device(c10::DeviceType::PrivateUse1, block->device));
   forDevice(block->device).recordStream(block, stream.id());
 }
 

@@ -15,6 +15,7 @@
 #include <phantom/Stream.h>
 
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/core/DeviceType.h>
 #include <c10/util/Exception.h>
 
 namespace phantom {
@@ -30,8 +31,8 @@ struct PhantomGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   c10::DeviceType type() const override { return kDeviceType; }
 
   c10::Device exchangeDevice(c10::Device device) const override {
-    TORCH_CHECK(device.type() == kDeviceType, "expected a phantom device, got ",
-                device);
+    TORCH_CHECK(device.type() == kDeviceType, "expected a ",
+                c10::get_privateuse1_backend(), " device, got ", device);
     return {kDeviceType, phantom::exchangeDevice(device.index())};
   }
 
@@ -40,8 +41,8 @@ struct PhantomGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   }
 
   void setDevice(c10::Device device) const override {
-    TORCH_CHECK(device.type() == kDeviceType, "expected a phantom device, got ",
-                device);
+    TORCH_CHECK(device.type() == kDeviceType, "expected a ",
+                c10::get_privateuse1_backend(), " device, got ", device);
     setCurrentDevice(device.index());
   }
 
@@ -115,9 +116,8 @@ struct PhantomGuardImpl final : public c10::impl::DeviceGuardImplInterface {
               const c10::DeviceIndex device_index,
               const c10::EventFlag flag) const override {
     TORCH_CHECK(device_index == -1 || device_index == stream.device_index(),
-                "event of phantom:", static_cast<int>(device_index),
-                " cannot be recorded on a stream of phantom:",
-                static_cast<int>(stream.device_index()),
+                "event of ", c10::Device(kDeviceType, device_index),
+                " cannot be recorded on a stream of ", stream.device(),
                 "; record it on a stream of its own device");
     const PhantomStream phantom_stream(stream);
     if (*event == nullptr) {

@@ -14,6 +14,8 @@
 #include <phantom/hal.h>
 #include <phantom/common/settings.h>
 
+#include <c10/core/Device.h>
+#include <c10/core/DeviceType.h>
 #include <c10/util/Exception.h>
 
 #include <chrono>
@@ -220,8 +222,9 @@ void onAllocationSlow(size_t nbytes) {
     return;
   }
   TORCH_CHECK_WITH(
-      OutOfMemoryError, false, "phantom out of memory: tried to allocate ",
-      nbytes, " bytes on phantom:", static_cast<int>(currentDevice()),
+      OutOfMemoryError, false, c10::get_privateuse1_backend(),
+      " out of memory: tried to allocate ", nbytes, " bytes on ",
+      c10::Device(c10::DeviceType::PrivateUse1, currentDevice()),
       ". Injected fault: ", allocation_knob.origin("allocation request"),
       "; nothing was allocated and the knob is now disarmed.");
 }

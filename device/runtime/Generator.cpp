@@ -5,6 +5,8 @@
 #include <phantom/DeviceWork.h>
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <c10/core/Device.h>
+#include <c10/core/DeviceType.h>
 #include <c10/util/Exception.h>
 
 #include <memory>
@@ -144,9 +146,11 @@ PhantomGeneratorImpl* phantomGeneratorFor(
   }
   const c10::Device where = generator->device();
   TORCH_CHECK(where.type() == c10::DeviceType::PrivateUse1,
-              "expected a generator of device phantom:",
-              static_cast<int>(device), " but got one of device ", where,
-              "; create it with torch.Generator(device='phantom')");
+              "expected a generator of device ",
+              c10::Device(c10::DeviceType::PrivateUse1, device),
+              " but got one of device ", where,
+              "; create it with torch.Generator(device='",
+              c10::get_privateuse1_backend(), "')");
   return generator->get<PhantomGeneratorImpl>();
 }
 

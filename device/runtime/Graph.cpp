@@ -15,6 +15,7 @@
 #include <phantom/Stream.h>
 
 #include <ATen/record_function.h>
+#include <c10/core/DeviceType.h>
 #include <c10/util/Exception.h>
 
 #include <cstdio>
@@ -50,8 +51,9 @@ class PhantomGraphImpl final : public at::GraphImplInterface {
   void capture_begin(c10::MempoolId_t pool,
                      at::GraphCaptureMode mode) override {
     TORCH_CHECK(!capturing_ && graph_ == nullptr && exec_ == nullptr,
-                "phantom graph: this graph already holds a capture; call "
-                "reset() before capturing again");
+                c10::get_privateuse1_backend(),
+                " graph: this graph already holds a capture; call reset() "
+                "before capturing again");
     const PhantomStream stream = getCurrentPhantomStream();
     pool_ = (pool.first != 0 || pool.second != 0) ? pool
                                                   : newPrivatePoolId(false);
@@ -64,7 +66,8 @@ class PhantomGraphImpl final : public at::GraphImplInterface {
       privatePoolRelease(pool_);
       TORCH_CHECK_NOT_IMPLEMENTED(
           status != PH_ERROR_UNIMPLEMENTED,
-          "phantom: the device driver cannot capture graphs (its HAL "
+          c10::get_privateuse1_backend(),
+          ": the device driver cannot capture graphs (its HAL "
           "returns PH_ERROR_UNIMPLEMENTED from ph_stream_begin_capture); run "
           "the work eagerly");
       PHANTOM_CHECK(status);
@@ -79,11 +82,12 @@ class PhantomGraphImpl final : public at::GraphImplInterface {
   }
 
   void capture_end() override {
-    TORCH_CHECK(capturing_, "phantom graph: capture_end() without "
-                            "capture_begin()");
+    TORCH_CHECK(capturing_, c10::get_privateuse1_backend(),
+                " graph: capture_end() without capture_begin()");
     const PhantomStream current = getCurrentPhantomStream(stream_.device_index());
     TORCH_CHECK(current == stream_,
-                "phantom graph: capture_end() must be called on the stream "
+                c10::get_privateuse1_backend(),
+                " graph: capture_end() must be called on the stream "
                 "capture_begin() was called on (stream_id=", stream_.id(),
                 "), not stream_id=", current.id());
     ph_graph_t graph = nullptr;
@@ -97,8 +101,8 @@ class PhantomGraphImpl final : public at::GraphImplInterface {
       hostExecHooks().release_finished_work();
       privatePoolRelease(pool_);
       pool_ = {0, 0};
-      TORCH_CHECK(false, "phantom graph: the capture failed and was "
-                         "discarded: ", message);
+      TORCH_CHECK(false, c10::get_privateuse1_backend(),
+                  " graph: the capture failed and was discarded: ", message);
     }
     graph_ = graph;
     if (!keep_graph_) instantiate();
@@ -106,7 +110,8 @@ class PhantomGraphImpl final : public at::GraphImplInterface {
 
   void instantiate() override {
     TORCH_CHECK(graph_ != nullptr,
-                "phantom graph: nothing to instantiate; capture first");
+                c10::get_privateuse1_backend(),
+                " graph: nothing to instantiate; capture first");
     if (exec_ != nullptr) {
       PHANTOM_CHECK(ph_graph_exec_destroy(exec_));
       exec_ = nullptr;
@@ -121,7 +126,8 @@ class PhantomGraphImpl final : public at::GraphImplInterface {
   void replay() override {
     if (exec_ == nullptr && graph_ != nullptr) instantiate();
     TORCH_CHECK(exec_ != nullptr,
-                "phantom graph: replay() needs a successful capture "
+                c10::get_privateuse1_backend(),
+                " graph: replay() needs a successful capture "
                 "(capture_begin() ... capture_end()) first");
     // A profiler sees the replay as an op, and the device work of each
     // node (hal_activity.h) is linked to it.
@@ -159,10 +165,12 @@ class PhantomGraphImpl final : public at::GraphImplInterface {
 
   void debug_dump(const std::string& path) override {
     TORCH_CHECK(debug_,
-                "phantom graph: debug_dump() needs enable_debug_mode() before "
-                "the capture (the graph is kept only then)");
+                c10::get_privateuse1_backend(),
+                " graph: debug_dump() needs enable_debug_mode() before the "
+                "capture (the graph is kept only then)");
     TORCH_CHECK(graph_ != nullptr,
-                "phantom graph: debug_dump() needs a captured graph");
+                c10::get_privateuse1_backend(),
+                " graph: debug_dump() needs a captured graph");
     PHANTOM_CHECK(ph_graph_debug_dump(graph_, path.c_str()));
   }
 

@@ -61,7 +61,8 @@ struct PhantomHooks final : public at::PrivateUse1HooksInterface {
     ph_pointer_attributes_t attributes{};
     TORCH_CHECK(ph_pointer_get_attributes(data, &attributes) == PH_SUCCESS &&
                     attributes.type == PH_MEMORY_DEVICE,
-                "pointer ", data, " is not phantom device memory");
+                "pointer ", data, " is not ", c10::get_privateuse1_backend(),
+                " device memory");
     return {c10::DeviceType::PrivateUse1,
             static_cast<c10::DeviceIndex>(attributes.device)};
   }

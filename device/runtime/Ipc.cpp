@@ -5,6 +5,8 @@
 #include <phantom/Stream.h>
 
 #include <c10/core/DeviceGuard.h>
+#include <c10/core/Device.h>
+#include <c10/core/DeviceType.h>
 #include <c10/util/Exception.h>
 
 #include <fcntl.h>
@@ -12,6 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -24,9 +27,14 @@
 namespace phantom {
 namespace {
 
-const char* const kSendCpuInstead =
-    "Phantom tensors cannot be sent to another process with this driver: it "
-    "cannot share device memory between processes";
+// "<Name> tensors cannot be sent ...": the backend's name, capitalised.
+std::string sendCpuInstead() {
+  std::string name = c10::get_privateuse1_backend();
+  if (!name.empty()) name[0] = static_cast<char>(std::toupper(name[0]));
+  return name +
+         " tensors cannot be sent to another process with this driver: it "
+         "cannot share device memory between processes";
+}
 
 // --- Reference-counter files ---------------------------------------------------
 
@@ -198,8 +206,9 @@ std::pair<std::shared_ptr<RefCounterFile>, int64_t> takeCounterSlot() {
     std::string error;
     auto file = std::make_shared<RefCounterFile>();
     file->file = CounterFile::create(&error);
-    TORCH_CHECK(file->file, "cannot send a phantom tensor: no shared memory "
-                "for its reference counter (", error, ")");
+    TORCH_CHECK(file->file, "cannot send a ", c10::get_privateuse1_backend(),
+                " tensor: no shared memory for its reference counter (", error,
+                ")");
     state.current = std::move(file);
   }
   std::shared_ptr<RefCounterFile> file = state.current;
@@ -235,9 +244,9 @@ void deleteSentBlock(void* context) {
   const std::string driver = ph_last_error_message();
   if (status == PH_ERROR_UNIMPLEMENTED) {
     TORCH_CHECK_NOT_IMPLEMENTED(
-        false, kSendCpuInstead, " (", driver,
-        "). Send tensor.cpu() instead, and move it back with "
-        ".to('phantom') in the receiving process.");
+        false, sendCpuInstead(), " (", driver,
+        "). Send tensor.cpu() instead, and move it back with .to('",
+        c10::get_privateuse1_backend(), "') in the receiving process.");
   }
   throwHalError(status, "ph_ipc_get_mem_handle", __FILE__, __LINE__);
 }
@@ -333,9 +342,9 @@ void deleteReceivedBlock(void* context) {
 
 SharedStorage shareStorage(c10::StorageImpl* storage) {
   TORCH_CHECK(!storage->received_cuda(),
-              "cannot send a phantom tensor that this process received from "
-              "another process; send a clone() of it instead (as with CUDA "
-              "tensors)");
+              "cannot send a ", c10::get_privateuse1_backend(),
+              " tensor that this process received from another process; send "
+              "a clone() of it instead (as with CUDA tensors)");
   const c10::Device device = storage->device();
   SharedStorage shared;
   shared.device = device.index();
@@ -347,8 +356,9 @@ SharedStorage shareStorage(c10::StorageImpl* storage) {
   ph_pointer_attributes_t attributes{};
   PHANTOM_CHECK(ph_pointer_get_attributes(data, &attributes));
   TORCH_CHECK(attributes.type == PH_MEMORY_DEVICE && attributes.base != nullptr,
-              "cannot send this phantom storage: its data pointer is not "
-              "device memory of a live allocation");
+              "cannot send this ", c10::get_privateuse1_backend(),
+              " storage: its data pointer is not device memory of a live "
+              "allocation");
   ph_ipc_mem_handle_t handle{};
   const ph_status_t exported = ph_ipc_get_mem_handle(data, &handle);
   if (exported != PH_SUCCESS) throwCannotExport(exported);
@@ -489,9 +499,9 @@ std::string IpcEvent::handle() const {
 
 void IpcEvent::record(const PhantomStream& stream) {
   TORCH_CHECK(stream.device_index() == device_,
-              "Event device phantom:", static_cast<int>(device_),
-              " does not match recording stream's device phantom:",
-              static_cast<int>(stream.device_index()));
+              "Event device ",
+              c10::Device(c10::DeviceType::PrivateUse1, device_),
+              " does not match recording stream's device ", stream.device());
   const ph_stream_t handle = stream.handle();
   stream.check(ph_event_record(event_, handle), handle);
 }

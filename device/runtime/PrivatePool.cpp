@@ -10,6 +10,8 @@
 #include <phantom/PrivatePool.h>
 #include <phantom/Stream.h>
 
+#include <c10/core/Device.h>
+#include <c10/core/DeviceType.h>
 #include <c10/util/Exception.h>
 
 #include <atomic>
@@ -181,11 +183,13 @@ c10::DataPtr privatePoolAllocate(size_t nbytes, c10::DeviceIndex device,
     const ph_status_t status = ph_malloc(device, size, &ptr);
     TORCH_CHECK_WITH(
         OutOfMemoryError, status != PH_ERROR_OUT_OF_MEMORY,
-        "phantom: out of memory allocating ", nbytes, " bytes in private pool ",
-        poolName(pool->id), " on phantom:", static_cast<int>(device),
+        c10::get_privateuse1_backend(), ": out of memory allocating ", nbytes,
+        " bytes in private pool ", poolName(pool->id), " on ",
+        c10::Device(c10::DeviceType::PrivateUse1, device),
         " (a graph capture or use_mem_pool routes this allocation there; "
         "its memory is not shared with the caching allocator, whose cached "
-        "memory torch.phantom.empty_cache() outside the capture gives back): ",
+        "memory torch.", c10::get_privateuse1_backend(),
+        ".empty_cache() outside the capture gives back): ",
         ph_last_error_message());
     PHANTOM_CHECK(status);
     block = new PoolBlock{ptr, size, nbytes, device, stream, true, false, pool};
@@ -283,7 +287,8 @@ void beginAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t id) {
   TORCH_CHECK_VALUE(pool != nullptr, "use_mem_pool: there is no memory pool ",
                     poolName(id),
                     " (its MemPool was deleted, or no pool was made with "
-                    "this id); create one with torch.phantom.MemPool()");
+                    "this id); create one with torch.",
+                    c10::get_privateuse1_backend(), ".MemPool()");
   t_allocate_to.emplace_back(device, std::move(pool));
   g_routing_count.fetch_add(1, std::memory_order_relaxed);
 }
@@ -291,8 +296,8 @@ void beginAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t id) {
 void endAllocateToPool(c10::DeviceIndex device, c10::MempoolId_t id) {
   TORCH_CHECK(!t_allocate_to.empty() && t_allocate_to.back().first == device &&
                   t_allocate_to.back().second->id == id,
-              "use_mem_pool: ending pool ", poolName(id), " on phantom:",
-              static_cast<int>(device),
+              "use_mem_pool: ending pool ", poolName(id), " on ",
+              c10::Device(c10::DeviceType::PrivateUse1, device),
               ", which is not this thread's innermost use_mem_pool context; "
               "leave the contexts in the order they were entered");
   t_allocate_to.pop_back();

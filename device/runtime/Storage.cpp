@@ -4,6 +4,7 @@
 #include <phantom/Stream.h>
 
 #include <c10/core/DeviceGuard.h>
+#include <c10/core/DeviceType.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -14,14 +15,17 @@ namespace phantom {
 
 void resizeStorageBytes(c10::StorageImpl* storage, size_t nbytes) {
   TORCH_CHECK(storage->resizable(),
-              "cannot resize this phantom storage: it is not resizable (it "
-              "was created from memory PyTorch does not own)");
+              "cannot resize this ", c10::get_privateuse1_backend(),
+              " storage: it is not resizable (it was created from memory "
+              "PyTorch does not own)");
   c10::Allocator* allocator = storage->allocator();
   TORCH_CHECK(allocator != nullptr,
-              "cannot resize a phantom storage that has no allocator");
+              "cannot resize a ", c10::get_privateuse1_backend(),
+              " storage that has no allocator");
   // Python's storage.resize_(-1) arrives here as a huge size_t.
   TORCH_CHECK(nbytes <= static_cast<size_t>(PTRDIFF_MAX),
-              "cannot resize a phantom storage to ",
+              "cannot resize a ", c10::get_privateuse1_backend(),
+              " storage to ",
               static_cast<int64_t>(nbytes) < 0
                   ? std::to_string(static_cast<int64_t>(nbytes))
                   : std::to_string(nbytes),

@@ -7,6 +7,8 @@
 #include <phantom/DeviceWork.h>
 #include <phantom/Stream.h>
 
+#include <c10/core/Device.h>
+#include <c10/core/DeviceType.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -98,24 +100,26 @@ c10::Stream makeStream(c10::DeviceIndex device, c10::StreamId id) {
 
 PhantomStream::PhantomStream(c10::Stream stream) : stream_(stream) {
   TORCH_CHECK(stream.device_type() == c10::DeviceType::PrivateUse1,
-              "expected a phantom stream, got a stream of device type ",
-              stream.device_type());
+              "expected a ", c10::get_privateuse1_backend(),
+              " stream, got a stream of device type ", stream.device_type());
   if (C10_UNLIKELY(stream.id() < 0)) {
     TORCH_CHECK(stream.device_index() >= 0 &&
                     stream.device_index() < deviceCountNoThrow() &&
                     isRegisteredExternal(stream.device_index(),
                                          externalHandle(stream.id())),
-                "invalid phantom stream id ", stream.id(), ": not an external "
-                "stream of phantom:", static_cast<int>(stream.device_index()),
-                "; wrap a driver stream with "
-                "torch.phantom.get_stream_from_external() first");
+                "invalid ", c10::get_privateuse1_backend(), " stream id ",
+                stream.id(), ": not an external stream of ", stream.device(),
+                "; wrap a driver stream with torch.",
+                c10::get_privateuse1_backend(),
+                ".get_stream_from_external() first");
     return;
   }
   TORCH_CHECK(stream.id() < kStreamsPerDevice,
-              "invalid phantom stream id ", stream.id(), " (valid ids are 0..",
-              kStreamsPerDevice - 1, "); make streams with "
-              "torch.phantom.Stream() or torch.phantom.current_stream() "
-              "rather than from a stream id");
+              "invalid ", c10::get_privateuse1_backend(), " stream id ",
+              stream.id(), " (valid ids are 0..", kStreamsPerDevice - 1,
+              "); make streams with torch.", c10::get_privateuse1_backend(),
+              ".Stream() or torch.", c10::get_privateuse1_backend(),
+              ".current_stream() rather than from a stream id");
 }
 
 int PhantomStream::priority() const {
@@ -248,8 +252,9 @@ PhantomStream streamFromHandle(ph_stream_t handle, c10::DeviceIndex device) {
   const auto stream_device = static_cast<c10::DeviceIndex>(owner);
   TORCH_CHECK(device < 0 || device == stream_device,
               "the driver stream ", hexString(handle),
-              " belongs to phantom:", owner, ", not phantom:",
-              static_cast<int>(device),
+              " belongs to ",
+              c10::Device(c10::DeviceType::PrivateUse1, stream_device),
+              ", not ", c10::Device(c10::DeviceType::PrivateUse1, device),
               "; pass device=", owner, " or leave device unset");
   TORCH_CHECK(reinterpret_cast<uintptr_t>(handle) <= uintptr_t{INT64_MAX},
               "the driver stream handle ", hexString(handle),

@@ -1,6 +1,7 @@
 // See phantom/SyncDebug.h.
 #include <phantom/SyncDebug.h>
 
+#include <c10/core/DeviceType.h>
 #include <c10/util/Exception.h>
 
 #include <string>
@@ -15,16 +16,18 @@ void reportHostWait(const char* what, const char* why) {
   const std::string reason =
       why != nullptr ? std::string(": ") + why : std::string();
   if (mode == static_cast<int>(SyncDebugMode::kError)) {
-    TORCH_CHECK(false, "phantom: ", what,
-                " would make the host wait for the device", reason,
-                ". torch.phantom.set_sync_debug_mode(\"error\") forbids "
+    TORCH_CHECK(false, c10::get_privateuse1_backend(), ": ", what,
+                " would make the host wait for the device", reason, ". torch.",
+                c10::get_privateuse1_backend(),
+                ".set_sync_debug_mode(\"error\") forbids "
                 "that: keep the value on the device or read it less often, "
                 "or set_sync_debug_mode(\"default\") to allow waiting");
   }
   if (mode == static_cast<int>(SyncDebugMode::kWarn)) {
-    TORCH_WARN("phantom: ", what, " made the host wait for the device",
-               reason, ". (Reported because torch.phantom.set_sync_debug_mode "
-               "is \"warn\".)");
+    TORCH_WARN(c10::get_privateuse1_backend(), ": ", what,
+               " made the host wait for the device", reason,
+               ". (Reported because torch.", c10::get_privateuse1_backend(),
+               ".set_sync_debug_mode is \"warn\".)");
   }
 }
 

@@ -242,6 +242,43 @@ def _select_without_kernel_view(config, items):
 
 
 # --------------------------------------------------------------------------
+# Drivers other than the fake (scripts/test_no_kernel_view.sh DRIVER=remote)
+# --------------------------------------------------------------------------
+#
+# A test marked ``@pytest.mark.requires_fake_driver("why")`` uses what only
+# the fake driver offers: its test-only settings (PHANTOM_FAKE_*), or an
+# OPTIONAL HAL section the remote driver lacks (telemetry, interprocess
+# sharing, the activity trace; graph capture needs the kernel view anyway,
+# so its tests are requires_kernel_view). Under another
+# driver (PHANTOM_DRIVER naming a library other than libphantom_fake.so) it
+# is skipped with its reason. The driver is read from the setting, not from
+# the runtime, so collecting the suite does not start a remote server.
+
+FAKE_DRIVER_LIBRARY = "libphantom_fake.so"
+DRIVER_LIBRARY = os.path.basename(os.environ.get("PHANTOM_DRIVER", "").strip()
+                                  or FAKE_DRIVER_LIBRARY)
+ON_FAKE_DRIVER = DRIVER_LIBRARY == FAKE_DRIVER_LIBRARY
+
+
+def _configure_other_drivers(config):
+    config.addinivalue_line(
+        "markers",
+        "requires_fake_driver(reason): uses a setting or an OPTIONAL HAL section "
+        "only the fake driver offers; skipped under another driver (PHANTOM_DRIVER)")
+
+
+def _skip_without_the_fake(items):
+    if ON_FAKE_DRIVER:
+        return
+    for item in items:
+        marker = item.get_closest_marker("requires_fake_driver")
+        if marker is not None:
+            reason = marker.args[0] if marker.args else marker.kwargs.get("reason", "")
+            item.add_marker(pytest.mark.skip(
+                reason=f"needs the fake driver, not {DRIVER_LIBRARY}: {reason}"))
+
+
+# --------------------------------------------------------------------------
 # pytest's hooks: one definition each (a second would replace the first)
 # --------------------------------------------------------------------------
 
@@ -249,8 +286,10 @@ def _select_without_kernel_view(config, items):
 def pytest_configure(config):
     _configure_race_suite(config)
     _configure_no_kernel_view(config)
+    _configure_other_drivers(config)
 
 
 def pytest_collection_modifyitems(config, items):
     _select_for_race_suite(config, items)
+    _skip_without_the_fake(items)  # before the sample, which counts runnable tests
     _select_without_kernel_view(config, items)

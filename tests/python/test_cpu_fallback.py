@@ -33,6 +33,7 @@ def run(code, env=None):
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.requires_fake_driver("PHANTOM_FAKE_NO_KERNEL_VIEW is the fake driver's setting")
 def test_the_fake_switch_takes_the_kernel_view_away():
     state = run("""
 import json, torch, torch_phantom

@@ -41,6 +41,12 @@ def test_device_memory_used_is_the_drivers_count():
     assert torch.phantom.device_memory_used() == used
 
 
+NEEDS_TELEMETRY = pytest.mark.requires_fake_driver(
+    "utilization, memory activity and sensors are the driver's telemetry "
+    "(ph_device_get_telemetry), which the remote driver does not offer")
+
+
+@NEEDS_TELEMETRY
 def test_utilization_follows_the_work_on_the_devices_streams():
     torch.phantom.utilization()  # the first reading starts a period
     busy_for(300)
@@ -49,6 +55,7 @@ def test_utilization_follows_the_work_on_the_devices_streams():
     assert torch.phantom.utilization() < 50
 
 
+@NEEDS_TELEMETRY
 def test_utilization_counts_any_stream_and_only_its_device(two_devices):
     torch.phantom.utilization(0)
     torch.phantom.utilization(1)
@@ -57,6 +64,7 @@ def test_utilization_counts_any_stream_and_only_its_device(two_devices):
     assert torch.phantom.utilization(0) < 50
 
 
+@NEEDS_TELEMETRY
 def test_two_readings_in_a_row_cover_the_same_period():
     torch.phantom.utilization()
     busy_for(200)
@@ -66,6 +74,7 @@ def test_two_readings_in_a_row_cover_the_same_period():
     assert abs(first - second) <= 1
 
 
+@NEEDS_TELEMETRY
 def test_memory_usage_follows_copies():
     source = torch.empty(64 * MiB, dtype=torch.uint8, device="phantom")
     target = torch.empty_like(source)
@@ -85,6 +94,7 @@ def test_memory_usage_follows_copies():
     del source, target
 
 
+@NEEDS_TELEMETRY
 @pytest.mark.parametrize("name, what", [
     ("temperature", "temperature"),
     ("power_draw", "power draw"),

@@ -22,7 +22,9 @@ print(torch_phantom._C._hal_info()["driver_library"])
 
 
 def _run(driver=None):
-    env = {"PHANTOM_DRIVER": driver} if driver is not None else None
+    # An empty value is the setting unset: the default, whatever driver the
+    # suite itself runs on.
+    env = {"PHANTOM_DRIVER": driver if driver is not None else ""}
     result = run_python(_USE, env)
     assert result.returncode == 0, result.stderr
     return result.stdout.splitlines()

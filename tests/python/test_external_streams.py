@@ -9,15 +9,23 @@ it waits for its own streams, and that bad handles are refused clearly.
 """
 
 import ctypes
-import os
 
 import pytest
 import torch
 import torch_phantom
 from torch_phantom.testing import faults
 
-_driver = ctypes.CDLL(os.path.join(os.path.dirname(torch_phantom.__file__), "libphantom_fake.so"))
-_driver.ph_last_error_message.restype = ctypes.c_char_p
+_loaded_driver = None
+
+
+def driver_library():
+    """The driver library torch_phantom loaded (the same handle, so the same
+    device), opened on first use."""
+    global _loaded_driver
+    if _loaded_driver is None:
+        _loaded_driver = ctypes.CDLL(torch_phantom._C._hal_info()["driver_library"])
+        _loaded_driver.ph_last_error_message.restype = ctypes.c_char_p
+    return _loaded_driver
 
 
 class DriverStream:
@@ -25,15 +33,15 @@ class DriverStream:
 
     def __init__(self, device=0):
         handle = ctypes.c_void_p()
-        status = _driver.ph_stream_create(device, 0, ctypes.byref(handle))
-        assert status == 0, _driver.ph_last_error_message()
+        status = driver_library().ph_stream_create(device, 0, ctypes.byref(handle))
+        assert status == 0, driver_library().ph_last_error_message()
         self.handle = handle.value
 
     def query(self):
-        return _driver.ph_stream_query(ctypes.c_void_p(self.handle))
+        return driver_library().ph_stream_query(ctypes.c_void_p(self.handle))
 
     def close(self):
-        assert _driver.ph_stream_destroy(ctypes.c_void_p(self.handle)) == 0
+        assert driver_library().ph_stream_destroy(ctypes.c_void_p(self.handle)) == 0
 
 
 @pytest.fixture

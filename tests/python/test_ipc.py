@@ -23,6 +23,12 @@ from torch_phantom import reductions
 
 SCRIPT_TIMEOUT = 240
 
+# Sharing itself needs the driver's interprocess section (ph_ipc_*); the
+# refusal of a driver without it is checked on any driver.
+NEEDS_IPC = pytest.mark.requires_fake_driver(
+    "shares device memory between processes (ph_ipc_*), which the remote "
+    "driver does not offer")
+
 # What every script starts with: a bounded queue get and a check.
 _PRELUDE = """
 import os, sys, time, queue
@@ -73,6 +79,7 @@ def test_the_storage_reducer_is_phantoms_and_cpu_storages_still_go_to_torch():
     assert back.untyped_storage().is_shared()  # torch's own CPU sharing
 
 
+@NEEDS_IPC
 def test_a_process_that_unpickles_its_own_message_gets_its_storage_back():
     x = torch.arange(12.0, device="phantom")
     view = x[2:8]
@@ -84,12 +91,14 @@ def test_a_process_that_unpickles_its_own_message_gets_its_storage_back():
     torch.phantom.ipc_collect()
 
 
+@NEEDS_IPC
 def test_an_empty_phantom_tensor_round_trips():
     empty = torch.empty(0, 3, device="phantom")
     back = ForkingPickler.loads(ForkingPickler.dumps(empty))
     assert back.device == empty.device and back.shape == (0, 3)
 
 
+@NEEDS_IPC
 def test_record_stream_still_protects_a_tensor_after_it_was_sent():
     stream = torch.phantom.Stream()
     x = torch.ones(1 << 18, device="phantom")
@@ -105,6 +114,7 @@ def test_record_stream_still_protects_a_tensor_after_it_was_sent():
     stream.synchronize()
 
 
+@NEEDS_IPC
 def test_memory_kept_for_a_receiver_that_let_go_is_collected_before_out_of_memory():
     capacity = torch.phantom.mem_get_info()[1]
     if capacity > (1 << 30):
@@ -121,6 +131,7 @@ def test_memory_kept_for_a_receiver_that_let_go_is_collected_before_out_of_memor
     torch.phantom.empty_cache()
 
 
+@NEEDS_IPC
 def test_an_interprocess_event_needs_no_timing_and_a_plain_one_cannot_be_shared():
     with pytest.raises(ValueError, match="interprocess phantom event cannot measure time"):
         torch.phantom.Event(enable_timing=True, interprocess=True)
@@ -144,6 +155,7 @@ def test_an_interprocess_event_needs_no_timing_and_a_plain_one_cannot_be_shared(
 # ------------------------------------------------------------ across processes
 
 
+@NEEDS_IPC
 @pytest.mark.parametrize("method", ["spawn", "forkserver"])
 def test_dataloader_workers_yield_phantom_tensors(tmp_path, method):
     out = run_script(tmp_path, f"""
@@ -171,6 +183,7 @@ def test_dataloader_workers_yield_phantom_tensors(tmp_path, method):
     assert out.strip() == "ok"
 
 
+@NEEDS_IPC
 def test_producer_and_consumer_over_a_queue(tmp_path):
     out = run_script(tmp_path, """
     def tensors(device="cpu"):
@@ -246,6 +259,7 @@ def _shared_memory_files():
     return {name for name in os.listdir("/dev/shm") if "phantom" in name}
 
 
+@NEEDS_IPC
 def test_the_sender_frees_before_the_receiver_is_done(tmp_path):
     files_before = _shared_memory_files()
     out = run_script(tmp_path, """
@@ -287,6 +301,7 @@ def test_the_sender_frees_before_the_receiver_is_done(tmp_path):
     assert _shared_memory_files() == files_before, "the processes left files in /dev/shm"
 
 
+@NEEDS_IPC
 def test_spawn_arguments_and_pipes_carry_phantom_tensors(tmp_path):
     out = run_script(tmp_path, """
     def child(x, conn):
@@ -311,6 +326,7 @@ def test_spawn_arguments_and_pipes_carry_phantom_tensors(tmp_path):
     assert out.strip() == "ok"
 
 
+@NEEDS_IPC
 def test_interprocess_events_order_work_across_processes(tmp_path):
     out = run_script(tmp_path, """
     def child(inbox, outbox):

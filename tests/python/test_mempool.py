@@ -97,6 +97,9 @@ def test_use_mem_pool_is_per_thread():
     assert other["t"].data_ptr() not in addresses
 
 
+@pytest.mark.requires_kernel_view(
+    "graph capture records stream work; the copying CPU fallback's blocking "
+    "host copies cannot be captured")
 def test_a_graph_captures_into_a_mempool_and_counts_as_its_user():
     pool = torch.phantom.MemPool()
     x = torch.ones(256, device="phantom")
@@ -112,6 +115,9 @@ def test_a_graph_captures_into_a_mempool_and_counts_as_its_user():
     assert pool.use_count() == 1
 
 
+@pytest.mark.requires_kernel_view(
+    "graph capture records stream work; the copying CPU fallback's blocking "
+    "host copies cannot be captured")
 def test_a_capture_reuses_the_memory_of_its_dead_temporaries():
     x = torch.randn(MiB // 4, device="phantom")
     expected = x.cpu()

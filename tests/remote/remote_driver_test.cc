@@ -8,8 +8,9 @@
 //    PHANTOM_REMOTE_SOCKET frees what each client leaves behind; a forked
 //    child of a client is refused and the client goes on;
 //  - device memory is never host-addressable here: pointer attributes say
-//    DEVICE, there is no kernel view, and the bytes at a device address
-//    cannot be read by this process;
+//    DEVICE, there is no kernel view, the bytes at a device address
+//    cannot be read by this process, and host code that touches them dies
+//    with a sentence saying so;
 //  - copies round-trip in all four kinds, pageable (staged) and pinned
 //    (shared memory), larger than the staging block;
 //  - streams keep order across each other through events, and host work
@@ -166,6 +167,17 @@ TEST(RemoteMemory, DeviceMemoryIsNeverHostAddressable) {
   ASSERT_NE(table, nullptr);
   EXPECT_EQ(table->kernel_address, nullptr) << "the table offers no kernel view";
   EXPECT_NE(table->run_host_func, nullptr);
+  ASSERT_PH_OK(ph_free(device));
+}
+
+TEST(RemoteMemory, HostCodeTouchingDeviceMemoryDiesSayingSo) {
+  void* device = nullptr;
+  ASSERT_PH_OK(ph_malloc(1, 4096, &device));
+  EXPECT_EXIT(
+      { (void)*static_cast<volatile const char*>(device); },
+      ::testing::KilledBySignal(SIGSEGV),
+      "host code touched device memory at 0x[0-9a-f]+ \\(phantom device 1, "
+      ".*copy the tensor to the host first");
   ASSERT_PH_OK(ph_free(device));
 }
 
