@@ -23,7 +23,7 @@ rounds of the two arms' quotient. No assertion is made.
 
 A third workload measures the guard on non_blocking copies into pinned
 memory (docs/race-detector.md, "Host accesses to a non_blocking copy's
-destination"): 20 copies of 1 MiB from the device into one pinned
+destination"): 20 copies of 16 KiB (four pages) from the device into one pinned
 tensor, each followed by a stream synchronize and a read of the
 destination, with the detector off, on without the guard
 (race_detector._GUARD_COPIES = False) and on with it; the guard's cost is
@@ -113,8 +113,8 @@ def interleaved(arms, rounds, inner):
 
 
 def bench_copies(rounds, inner):
-    source = torch.randn(1 << 18, device="phantom")  # 1 MiB
-    destination = torch.empty(1 << 18, pin_memory=True)
+    source = torch.randn(1 << 12, device="phantom")  # 16 KiB: four pages
+    destination = torch.empty(1 << 12, pin_memory=True)
     work = lambda: copies(source, destination)  # noqa: E731
     arms = {
         "phantom": lambda n: timed(work, True, n, False),
