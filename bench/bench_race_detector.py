@@ -21,6 +21,15 @@ program that never enables the detector runs. Arms are timed in
 interleaved rounds with a rotating order; each ratio is the median over
 rounds of the two arms' quotient. No assertion is made.
 
+A third workload measures the guard on non_blocking copies into pinned
+memory (docs/race-detector.md, "Host accesses to a non_blocking copy's
+destination"): 20 copies of 16 KiB (four pages) from the device into one pinned
+tensor, each followed by a stream synchronize and a read of the
+destination, with the detector off, on without the guard
+(race_detector._GUARD_COPIES = False) and on with it; the guard's cost is
+the quotient of the last two (two mprotect calls and the bookkeeping per
+copy).
+
     python bench/bench_race_detector.py            # ~1-2 min
     python bench/bench_race_detector.py --quick    # a few rounds, smoke test
 """
@@ -62,8 +71,17 @@ def workloads(device):
     }
 
 
-def timed(work, on_phantom, inner, detector):
+def copies(source, destination):
+    stream = torch.phantom.current_stream()
+    for _ in range(20):
+        destination.copy_(source, non_blocking=True)
+        stream.synchronize()
+        destination[0].item()
+
+
+def timed(work, on_phantom, inner, detector, guard=True):
     if detector:
+        race_detector._GUARD_COPIES = guard
         race_detector.enable()
     try:
         start = time.perf_counter()
@@ -75,6 +93,42 @@ def timed(work, on_phantom, inner, detector):
     finally:
         if detector:
             race_detector.disable()
+            race_detector._GUARD_COPIES = True
+
+
+def compare(times, a, b):
+    return statistics.median(x / y for x, y in zip(times[a], times[b]))
+
+
+def interleaved(arms, rounds, inner):
+    for run in arms.values():  # warm up
+        run(1)
+    names = list(arms)
+    times = {arm: [] for arm in names}
+    for r in range(rounds):
+        order = names[r % len(names):] + names[: r % len(names)]
+        for arm in order:
+            times[arm].append(arms[arm](inner))
+    return times
+
+
+def bench_copies(rounds, inner):
+    source = torch.randn(1 << 12, device="phantom")  # 16 KiB: four pages
+    destination = torch.empty(1 << 12, pin_memory=True)
+    work = lambda: copies(source, destination)  # noqa: E731
+    arms = {
+        "phantom": lambda n: timed(work, True, n, False),
+        "detector, no guard": lambda n: timed(work, True, n, True, guard=False),
+        "detector + guard": lambda n: timed(work, True, n, True),
+    }
+    times = interleaved(arms, rounds, inner)
+    name = "20 non_blocking D2H copies"
+    for arm in arms:
+        print(f"{name}, {arm}: {1e3 * statistics.median(times[arm]) / inner:.2f} ms")
+    print(f"{name}: detector + guard / detector, no guard: "
+          f"{compare(times, 'detector + guard', 'detector, no guard'):.2f}x")
+    print(f"{name}: detector + guard / phantom: "
+          f"{compare(times, 'detector + guard', 'phantom'):.2f}x")
 
 
 def main():
@@ -94,25 +148,19 @@ def main():
             arms["phantom"](1)
             before = statistics.median(arms["phantom"](inner) for _ in range(rounds))
             print(f"{name}, phantom before any enable: {1e3 * before / inner:.2f} ms")
-        for run in arms.values():  # warm up
-            run(1)
-        names = list(arms)
-        times = {arm: [] for arm in names}
-        for r in range(rounds):
-            order = names[r % len(names):] + names[: r % len(names)]
-            for arm in order:
-                times[arm].append(arms[arm](inner))
+        times = interleaved(arms, rounds, inner)
 
         def ratio(a, b):
-            return statistics.median(x / y for x, y in zip(times[a], times[b]))
+            return compare(times, a, b)
 
-        for arm in names:
+        for arm in arms:
             print(f"{name}, {arm}: {1e3 * statistics.median(times[arm]) / inner:.2f} ms")
         print(f"{name}: phantom / cpu: {ratio('phantom', 'cpu'):.2f}x")
         print(f"{name}: phantom + detector / phantom: "
               f"{ratio('phantom + detector', 'phantom'):.2f}x")
         print(f"{name}: phantom + detector / cpu: "
               f"{ratio('phantom + detector', 'cpu'):.2f}x")
+    bench_copies(rounds, inner)
 
 
 if __name__ == "__main__":

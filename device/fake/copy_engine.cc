@@ -47,9 +47,14 @@ ph_status_t CheckDeviceSide(const std::string& where, const void* pointer,
   return PH_SUCCESS;
 }
 
-// Checks one host side; *out_pageable tells whether it is pageable.
+// Checks one host side; *out_pageable tells whether it is pageable, and
+// *out_address is where the copy engine reads or writes it: the pointer
+// itself for pageable memory, its alias for pinned memory (host_memory.h),
+// so protection of the user's mapping does not stop a queued copy.
 ph_status_t CheckHostSide(const std::string& where, const void* pointer,
-                          size_t size, bool* out_pageable) {
+                          size_t size, bool* out_pageable,
+                          void** out_address) {
+  *out_address = const_cast<void*>(pointer);
   const uintptr_t start = reinterpret_cast<uintptr_t>(pointer);
   const int device = DeviceOfAddress(start);
   if (device >= 0) {
@@ -65,7 +70,8 @@ ph_status_t CheckHostSide(const std::string& where, const void* pointer,
   }
   uintptr_t base = 0;
   size_t block_size = 0;
-  if (!LookupPinned(pointer, &base, &block_size)) {
+  void* alias = nullptr;
+  if (!LookupPinnedAlias(pointer, &base, &block_size, &alias)) {
     *out_pageable = true;
     return PH_SUCCESS;
   }
@@ -77,6 +83,7 @@ ph_status_t CheckHostSide(const std::string& where, const void* pointer,
                     std::to_string(block_size) + " bytes");
   }
   *out_pageable = false;
+  *out_address = alias;
   return PH_SUCCESS;
 }
 
@@ -108,8 +115,9 @@ ph_status_t PlanCopy(const char* function, void* dst, const void* src,
     status = CheckDeviceSide(name + ": source", src, size, &view);
     plan.src = view;
   } else {
-    status = CheckHostSide(name + ": source", src, size, &pageable);
-    plan.src = src;
+    void* address = nullptr;
+    status = CheckHostSide(name + ": source", src, size, &pageable, &address);
+    plan.src = address;
     plan.pageable_host = pageable;
   }
   if (status != PH_SUCCESS) return status;
@@ -117,8 +125,10 @@ ph_status_t PlanCopy(const char* function, void* dst, const void* src,
     status = CheckDeviceSide(name + ": destination", dst, size, &view);
     plan.dst = view;
   } else {
-    status = CheckHostSide(name + ": destination", dst, size, &pageable);
-    plan.dst = dst;
+    void* address = nullptr;
+    status = CheckHostSide(name + ": destination", dst, size, &pageable,
+                           &address);
+    plan.dst = address;
     plan.pageable_host = plan.pageable_host || pageable;
   }
   if (status != PH_SUCCESS) return status;

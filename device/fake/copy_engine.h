@@ -4,7 +4,8 @@
 // Every device side is checked to be device memory inside one live
 // allocation and translated to its kernel view; every host side is checked
 // not to be device memory, and if it is pinned, to stay inside its pinned
-// block. The plan records whether a host side is pageable, which decides
+// block, and translated to the block's alias (host_memory.h), so that
+// protecting the user's mapping of a pinned block does not stop a copy. The plan records whether a host side is pageable, which decides
 // whether ph_memcpy_async may return before the copy ran (pinned / D2D) or
 // must wait for it (pageable). Executing a plan moves the bytes between the
 // two views (ChannelCopy, copy_channels.h: large copies over two threads),

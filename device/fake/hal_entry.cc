@@ -233,8 +233,8 @@ ph_status_t ph_device_get_properties(int device,
     if (out_props == nullptr) {
       return NullOut("ph_device_get_properties", "out_props");
     }
-    // Versioned by size (hal.h): the fake's struct is the ABI 1003 one,
-    // so it needs all of it and writes no more of a longer one.
+    // Versioned by size (hal.h): the fake needs at least the ABI 1003
+    // struct and writes only what fits of its own (ABI 1006) one.
     const size_t size = out_props->struct_size;
     if (size < PH_DEVICE_PROPERTIES_MIN_SIZE) {
       return Fail(PH_ERROR_INVALID_ARGUMENT,
@@ -259,6 +259,10 @@ ph_status_t ph_device_get_properties(int device,
     filled.multiprocessor_count = cores > 0 ? static_cast<int>(cores) : 1;
     filled.stream_priority_low = kStreamPriorityLow;
     filled.stream_priority_high = kStreamPriorityHigh;
+    // Copies write pinned blocks through an alias mapping (host_memory.h).
+    filled.flags = PinnedAliasesAvailable()
+                       ? PH_DEVICE_COPIES_IGNORE_HOST_PROTECTION
+                       : 0u;
     std::memcpy(reinterpret_cast<char*>(out_props) + sizeof(size_t),
                 reinterpret_cast<const char*>(&filled) + sizeof(size_t),
                 writable - sizeof(size_t));

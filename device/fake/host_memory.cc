@@ -16,9 +16,14 @@
 namespace phantom::fake {
 namespace {
 
+struct PinnedBlock {
+  size_t size;       // requested bytes
+  uintptr_t alias;   // the copy engine's address of the block's first byte
+};
+
 struct PinnedRegistry {
-  std::mutex mutex;                    // guards blocks
-  std::map<uintptr_t, size_t> blocks;  // base -> requested size
+  std::mutex mutex;                         // guards blocks
+  std::map<uintptr_t, PinnedBlock> blocks;  // base -> block
 };
 
 PinnedRegistry& Registry() {
@@ -31,7 +36,47 @@ size_t PageRounded(size_t size) {
   return (size + page - 1) / page * page;
 }
 
+// A memfd of `bytes` mapped twice; false (and errno set) on failure.
+bool MapTwice(size_t bytes, void** out_user, void** out_alias) {
+  const int fd = memfd_create("phantom-pinned", MFD_CLOEXEC);
+  if (fd < 0) return false;
+  bool mapped = false;
+  if (ftruncate(fd, static_cast<off_t>(bytes)) == 0) {
+    void* user = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (user != MAP_FAILED) {
+      void* alias =
+          mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      if (alias != MAP_FAILED) {
+        // Only the copy engine uses the alias, and a forked child has no
+        // device: it gets the user's mapping alone.
+        madvise(alias, bytes, MADV_DONTFORK);
+        *out_user = user;
+        *out_alias = alias;
+        mapped = true;
+      } else {
+        const int saved = errno;
+        munmap(user, bytes);
+        errno = saved;
+      }
+    }
+  }
+  const int saved = errno;
+  close(fd);  // the mappings keep the memory
+  errno = saved;
+  return mapped;
+}
+
 }  // namespace
+
+bool PinnedAliasesAvailable() {
+  static const bool available = [] {
+    const int fd = memfd_create("phantom-pinned-probe", MFD_CLOEXEC);
+    if (fd < 0) return false;
+    close(fd);
+    return true;
+  }();
+  return available;
+}
 
 ph_status_t AllocatePinned(size_t size, void** out_ptr) {
   if (size > SIZE_MAX / 2) {
@@ -39,8 +84,16 @@ ph_status_t AllocatePinned(size_t size, void** out_ptr) {
                 "ph_host_malloc: cannot allocate " + std::to_string(size) +
                     " bytes of pinned host memory");
   }
-  void* block = mmap(nullptr, PageRounded(size), PROT_READ | PROT_WRITE,
-                     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  const size_t bytes = PageRounded(size);
+  void* block = nullptr;
+  void* alias = nullptr;
+  if (PinnedAliasesAvailable()) {
+    if (!MapTwice(bytes, &block, &alias)) block = MAP_FAILED;
+  } else {
+    block = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    alias = block;
+  }
   if (block == MAP_FAILED) {
     return Fail(PH_ERROR_OUT_OF_MEMORY,
                 "ph_host_malloc: cannot allocate " + FormatBytes(size) +
@@ -48,14 +101,15 @@ ph_status_t AllocatePinned(size_t size, void** out_ptr) {
   }
   PinnedRegistry& registry = Registry();
   std::lock_guard<std::mutex> lock(registry.mutex);
-  registry.blocks.emplace(reinterpret_cast<uintptr_t>(block), size);
+  registry.blocks.emplace(reinterpret_cast<uintptr_t>(block),
+                          PinnedBlock{size, reinterpret_cast<uintptr_t>(alias)});
   *out_ptr = block;
   return PH_SUCCESS;
 }
 
 ph_status_t FreePinned(void* ptr) {
   const uintptr_t base = reinterpret_cast<uintptr_t>(ptr);
-  size_t size = 0;
+  PinnedBlock block{};
   {
     PinnedRegistry& registry = Registry();
     std::lock_guard<std::mutex> lock(registry.mutex);
@@ -68,25 +122,35 @@ ph_status_t FreePinned(void* ptr) {
                     ptr);
       return Fail(PH_ERROR_INVALID_HANDLE, text);
     }
-    size = it->second;
+    block = it->second;
     registry.blocks.erase(it);
   }
-  munmap(ptr, PageRounded(size));
+  munmap(ptr, PageRounded(block.size));
+  if (block.alias != base) {
+    munmap(reinterpret_cast<void*>(block.alias), PageRounded(block.size));
+  }
   return PH_SUCCESS;
 }
 
-bool LookupPinned(const void* address, uintptr_t* out_base,
-                  size_t* out_size) {
+bool LookupPinnedAlias(const void* address, uintptr_t* out_base,
+                       size_t* out_size, void** out_alias) {
   const uintptr_t value = reinterpret_cast<uintptr_t>(address);
   PinnedRegistry& registry = Registry();
   std::lock_guard<std::mutex> lock(registry.mutex);
   auto it = registry.blocks.upper_bound(value);
   if (it == registry.blocks.begin()) return false;
   --it;
-  if (value - it->first >= PageRounded(it->second)) return false;
+  if (value - it->first >= PageRounded(it->second.size)) return false;
   *out_base = it->first;
-  *out_size = it->second;
+  *out_size = it->second.size;
+  *out_alias = reinterpret_cast<void*>(it->second.alias + (value - it->first));
   return true;
+}
+
+bool LookupPinned(const void* address, uintptr_t* out_base,
+                  size_t* out_size) {
+  void* alias = nullptr;
+  return LookupPinnedAlias(address, out_base, out_size, &alias);
 }
 
 }  // namespace phantom::fake

@@ -9,6 +9,7 @@
 #include <phantom/Exception.h>
 #include <phantom/HostAllocator.h>
 #include <phantom/DeviceWork.h>
+#include <phantom/HostGuard.h>
 
 #include <c10/util/Exception.h>
 
@@ -151,7 +152,13 @@ PhantomHostAllocator& instance() {
   return *allocator;
 }
 
-void deletePinnedBlock(void* ctx) { instance().free(ctx); }
+void deletePinnedBlock(void* ctx) {
+  // A guarded destination freed before its copy was seen to finish: the
+  // block may be handed out again, so its pages must be readable.
+  const Block* block = static_cast<const Block*>(ctx);
+  if (block != nullptr) host_guard::releaseRange(block->ptr_, block->size_);
+  instance().free(ctx);
+}
 
 }  // namespace
 
@@ -184,6 +191,13 @@ void recordPinnedUse(const c10::Storage& storage,
   // is past the copy; what its owner does with the memory is up to them.
   hostExecHooks().launch_async(
       stream, "keep pinned memory of a non_blocking copy alive", [storage] {});
+}
+
+bool ownsPinnedBlock(const c10::Storage& storage) {
+  const c10::DataPtr& data = storage.data_ptr();
+  return data.get_deleter() == &deletePinnedBlock &&
+         data.get_context() != nullptr &&
+         static_cast<const Block*>(data.get_context())->ptr_ == data.get();
 }
 
 void emptyHostCache() { instance().empty_cache(); }

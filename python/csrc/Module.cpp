@@ -14,6 +14,7 @@
 #include <phantom/GpuTrace.h>
 #include <phantom/Graph.h>
 #include <phantom/HostAllocator.h>
+#include <phantom/HostGuard.h>
 #include <phantom/Ipc.h>
 #include <phantom/KernelHostMemory.h>
 #include <phantom/ops/GenericPath.h>
@@ -370,6 +371,31 @@ PYBIND11_MODULE(_C, m) {
         [] { phantom::resetPeakHostMemoryStats(); });
   m.def("_reset_accumulated_host_memory_stats",
         [] { phantom::resetAccumulatedHostMemoryStats(); });
+
+  // Guards of non_blocking copies' destinations (phantom/HostGuard.h; the
+  // race detector).
+  m.def("_host_guard_available", [](c10::DeviceIndex device) {
+    return phantom::host_guard::available(device);
+  });
+  m.def("_host_guard_protect", [](const at::Tensor& tensor) -> uint64_t {
+    // Only a destination the runtime writes with one asynchronous copy
+    // (ops/Copy.cpp): others are written on the host after a wait.
+    if (!tensor.is_non_overlapping_and_dense() || tensor.is_conj() ||
+        tensor.is_neg() || !tensor.device().is_cpu()) {
+      return 0;
+    }
+    const c10::Storage& storage = tensor.storage();
+    const size_t offset = static_cast<size_t>(tensor.storage_offset()) *
+                          tensor.element_size();
+    return phantom::host_guard::protect(storage, offset, tensor.nbytes(),
+                                        phantom::ownsPinnedBlock(storage));
+  });
+  m.def("_host_guard_release",
+        [](uint64_t id) { return phantom::host_guard::release(id); });
+  m.def("_host_guard_take_violations",
+        [] { return phantom::host_guard::takeViolations(); });
+  m.def("_host_guard_active_count",
+        [] { return phantom::host_guard::activeCount(); });
 
   // The CPU kernels' cached host workspace (phantom/KernelHostMemory.h).
   m.def("_kernel_host_memory_stats", [] {

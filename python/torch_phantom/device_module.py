@@ -228,6 +228,8 @@ def synchronize(device: _DeviceLike = None) -> None:
     """Waits for all work queued on every stream of ``device``; raises the
     error of any work that failed."""
     _C._synchronize(_device_index(device))
+    if streams._host_observer is not None:  # the race detector is on
+        streams._observed("sync_device", 0, False)
 
 
 class device:

@@ -30,8 +30,20 @@ Three kinds of bug are reported:
     an op on another stream that touched it is not ordered before that
     stream's next use (a missing ``record_stream`` or ``wait_stream``);
     this is reported at the next op;
-  - nothing else: host reads of a ``non_blocking`` copy's destination are
-    not watched (docs/race-detector.md says what is left).
+  - host code touching the destination of a ``non_blocking`` copy from the
+    device into pinned memory before anything showed the host the copy
+    finished. The copy's destination pages are protected (no read, no
+    write) when it is queued (phantom/HostGuard.h: only whole pages the
+    destination owns, and only on a driver whose copies ignore host page
+    protection) and released once the host clock covers the copy: an
+    event or stream synchronize or a query answering True
+    (torch.phantom.Event / Stream), a device synchronize, or an op that
+    waited for that stream. An access in between faults; the fault
+    handler records it and unprotects the pages so the program goes on,
+    and the detector reports it after the op that touched the memory
+    returns (an op on any tensor, CPU ones included), or, for an access
+    outside any op (numpy, a buffer), at the next op, synchronize or
+    query.
 
 Reports are errors (:class:`StreamRaceError`, raised after the op that
 found them was queued) or warnings (:class:`StreamRaceWarning`), by
@@ -56,7 +68,7 @@ from typing import Dict, List, Optional, Set
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 
-from . import _C, _gpu_trace
+from . import _C, _gpu_trace, streams
 from . import device_module as _dm  # torch.<name> (circular: used at call time)
 from ._name import BACKEND_NAME
 
@@ -97,15 +109,35 @@ class Access:
 @dataclass
 class Race:
     """Two accesses of one storage with no order between them. ``kind`` is
-    "unordered access" or "freed while in use"."""
+    "unordered access", "freed while in use" or "host access before copy
+    finished" (``previous`` is the copy; ``current`` the op during which
+    the host touched its destination, None when that was outside any op;
+    ``address`` the host address touched)."""
 
     kind: str
     address: int
     current: Optional[Access]  # None for "freed while in use"
     previous: Access
     freed_stream_name: str = ""
+    noticed_at: Optional[traceback.StackSummary] = None  # host access outside an op
 
     def __str__(self) -> str:
+        if self.kind == HOST_ACCESS:
+            if self.current is not None:
+                frames = "".join(self.current.stack.format()) or "    (no Python frame)\n"
+                who = f"by {self.current.op} on the host, launched at\n{frames}"
+            else:
+                frames = "".join((self.noticed_at or []).format()) or "    (no Python frame)\n"
+                who = ("by host code outside any op (numpy, a buffer, a C extension), "
+                       f"noticed at\n{frames}")
+            return (
+                f"{BACKEND_NAME} race detector: pinned host memory {self.address:#x} was read or "
+                f"written {who}"
+                f"before anything showed the host that the non_blocking copy writing it "
+                f"finished:\n  {self.previous.describe()}"
+                f"Wait for the copy before touching its destination: synchronize an event "
+                f"recorded after it (or see event.query() return True), synchronize its "
+                f"stream, or torch.{BACKEND_NAME}.synchronize().")
         if self.kind == "freed while in use":
             return (
                 f"{BACKEND_NAME} race detector: device memory {self.address:#x} was freed for "
@@ -134,6 +166,19 @@ class StreamRaceError(RuntimeError):
 
 class StreamRaceWarning(UserWarning):
     """Warned for each race when the detector's action is "warn"."""
+
+
+HOST_ACCESS = "host access before copy finished"
+
+
+@dataclass
+class _Guard:
+    """A non_blocking copy's destination whose pages are protected until the
+    host clock covers the copy (``seq`` of ``stream``)."""
+
+    stream: int
+    seq: int
+    copy: Access
 
 
 def _user_stack() -> traceback.StackSummary:
@@ -273,12 +318,14 @@ def _dense_parts(tensor: torch.Tensor):
 _HOST_VALUES = ("number", "Scalar", "bool", "int", "float", "complex", "SymInt", "SymFloat", "SymBool")
 
 
-def _waits_for_device(schema, args, kwargs, results) -> bool:
+def _waits_for_device(schema, args, kwargs, results, destinations: List) -> bool:
     """True for an op that returns only once its device work is done: one
     that gives the host a value (``item()``, ``equal``), or a copy into
     host memory other than a ``non_blocking`` one into pinned memory
     (``.cpu()``, ``.tolist()``, ``copy_`` into a CPU tensor). The driver
-    waits for these without a traced synchronize."""
+    waits for these without a traced synchronize. For a ``non_blocking``
+    copy into pinned memory, appends its host destinations to
+    ``destinations``."""
     if any(str(ret.type) in _HOST_VALUES for ret in schema.returns):
         return True
     written = [value for ret, value in zip(schema.returns, results)
@@ -293,7 +340,13 @@ def _waits_for_device(schema, args, kwargs, results) -> bool:
     for i, argument in enumerate(schema.arguments):
         if argument.name == "non_blocking" and i < len(args):
             non_blocking = args[i]
-    return not (non_blocking and all(t.is_pinned() for t in host))
+    if non_blocking and all(t.is_pinned() for t in host):
+        # (an in-place copy's result is its written argument: once each)
+        destinations.extend({id(t): t for t in host}.values())
+        return False
+    return True
+
+
 
 
 def _stream_name(stream: torch.Stream) -> str:
@@ -326,6 +379,9 @@ class _Detector(TorchDispatchMode):
         # handle's ops are ordered before the new one's.
         self.handles: Dict[tuple, int] = {}  # (device, stream id) -> handle
         self.renamed: Dict[int, int] = {}  # replaced handle -> its successor
+        # Protected destinations of non_blocking copies (phantom/HostGuard.h),
+        # by guard id.
+        self.guards: Dict[int, _Guard] = {}
 
     @classmethod
     def ignore_compile_internals(cls) -> bool:
@@ -408,6 +464,78 @@ class _Detector(TorchDispatchMode):
             synced.append(args[0] if method == "sync_stream" else None)
         with self.section():
             getattr(self.order, method)(*args)
+            self._release_seen()
+
+    def observed(self, method: str, handle: int, query: bool) -> None:
+        """After torch.phantom's synchronize or a query that answered True
+        (streams.py): a query shows the host the work finished, as a
+        synchronize does; then host accesses caught so far are reported."""
+        if query:
+            with self.section():
+                getattr(self.order, method)(*((handle,) if method != "sync_device" else ()))
+                self._release_seen()
+        self._report_host_accesses(None)
+
+    # -- protected destinations of non_blocking copies ---------------------
+
+    def _guard(self, destinations: List[torch.Tensor], device: int,
+               launched: tuple, op: str, stack: traceback.StackSummary) -> None:
+        """Protects the destinations of a non_blocking copy just queued (in
+        a section)."""
+        if not _GUARD_COPIES:
+            return
+        if not _C._host_guard_available(device):
+            _note_unguarded(device)
+            return
+        stream, name, seq = launched
+        for tensor in destinations:
+            # (only a destination written by one asynchronous copy: dense,
+            # not conjugated or negated; 0 when nothing was protected)
+            guard = _C._host_guard_protect(tensor)
+            if guard:
+                start = tensor.storage_offset() * tensor.element_size()
+                access = Access(True, seq, stream, name, op, ["the destination"], stack,
+                                start, start + tensor.nbytes)
+                self.guards[guard] = _Guard(stream, seq, access)
+
+    def _release_seen(self) -> None:
+        """Unprotects the destinations of copies the host has now seen
+        finish; an access caught on one becomes a pending report (in a
+        section)."""
+        if not self.guards:
+            return
+        for guard, state in list(self.guards.items()):
+            if self.order.host.get(state.stream, 0) >= state.seq:
+                del self.guards[guard]
+                address = _C._host_guard_release(guard)
+                if address:
+                    self.pending.append(Race(HOST_ACCESS, address, None, state.copy,
+                                             noticed_at=_user_stack()))
+
+    def _host_accesses(self, op: Optional[str]) -> List[Race]:
+        """Races for the host accesses the fault handler caught since the
+        last look; ``op`` is the op that just ran, if any (in a section)."""
+        races = []
+        for guard, address in _C._host_guard_take_violations():
+            state = self.guards.pop(guard, None)
+            if state is not None:
+                reader = (Access(False, 0, 0, "the host", op, [], _user_stack())
+                          if op else None)
+                races.append(Race(HOST_ACCESS, address, reader, state.copy,
+                                  noticed_at=None if op else _user_stack()))
+        return races
+
+    def _report_host_accesses(self, op: Optional[str]) -> None:
+        """Reports now the host accesses caught, and the ones found when
+        their pages were released."""
+        with self.section():
+            races = self._host_accesses(op) if self.guards else []
+            kept = []
+            for race in self.pending:
+                (races if race.kind == HOST_ACCESS else kept).append(race)
+            self.pending = kept
+        if races:
+            self._report(races)
 
     def ordering(self, method: str, *args) -> None:
         with self.section():
@@ -463,6 +591,10 @@ class _Detector(TorchDispatchMode):
             self.local.synced = outer
             if outer is not None:
                 outer.extend(synced)
+        host_races: List[Race] = []
+        if self.guards:  # the op may have touched a protected destination
+            with self.section():
+                host_races = self._host_accesses(str(func))
         results = outputs if isinstance(outputs, (list, tuple)) else (outputs,)
         for ret, value in zip(schema.returns, results):
             if ret.alias_info is None or ret.alias_info.is_write:
@@ -470,21 +602,27 @@ class _Detector(TorchDispatchMode):
         # Work captured into a graph does not run now (a replay is not seen
         # op by op).
         if touched and not _C._is_current_stream_capturing():
-            if _waits_for_device(schema, args, kwargs, results):
+            destinations: List[torch.Tensor] = []
+            if _waits_for_device(schema, args, kwargs, results, destinations):
                 synced.append(None)
-            self._launched(str(func), touched, synced)
+            self._launched(str(func), touched, synced, destinations, host_races)
+        elif host_races:
+            self._report(host_races)
         return outputs
 
-    def _launched(self, op: str, touched: Dict[tuple, List], synced: List) -> None:
+    def _launched(self, op: str, touched: Dict[tuple, List], synced: List,
+                  destinations: List[torch.Tensor] = (),
+                  host_races: List[Race] = ()) -> None:
         """Records the op's accesses: each on the current stream of the
         tensor's device (a copy between devices reads on one and writes on
         the other). An op that synchronized its stream (or the device)
         while it ran waited for its own work: the host has seen it."""
         streams = {device: _dm.current_stream(device) for device, *_ in touched}
         stack = _user_stack()
-        races: List[Race] = []
+        races: List[Race] = list(host_races)
         with self.section():
-            races, self.pending = self.pending, []
+            races += self.pending
+            self.pending = []
             launched = {}
             for device, stream in streams.items():
                 handle = self._stream(stream)
@@ -512,6 +650,12 @@ class _Detector(TorchDispatchMode):
                 for stream, _, seq in launched.values():
                     if None in synced or stream in synced_handles:
                         self.order.finished(stream, seq)
+                self._release_seen()
+                races += self.pending
+                self.pending = []
+            if destinations:
+                device = next(iter(launched))
+                self._guard(destinations, device, launched[device], op, stack)
         if races:
             self._report(races)
 
@@ -525,6 +669,29 @@ class _Detector(TorchDispatchMode):
 
 _active: Optional[_Detector] = None
 _trace_on = False
+# Protect non_blocking copies' destinations (bench/bench_race_detector.py
+# turns it off to measure what the guard costs).
+_GUARD_COPIES = True
+_unguarded_noted: Set[int] = set()
+
+
+def _note_unguarded(device: int) -> None:
+    """Once per device: its driver does not declare that copies ignore host
+    page protection, so non_blocking copies' destinations go unwatched."""
+    if device in _unguarded_noted:
+        return
+    _unguarded_noted.add(device)
+    warnings.warn(
+        f"{BACKEND_NAME} race detector: the driver of {BACKEND_NAME}:{device} does not declare "
+        f"that its copies ignore host page protection (PH_DEVICE_COPIES_IGNORE_HOST_PROTECTION), "
+        f"so host accesses to a non_blocking copy's destination before the copy is seen "
+        f"to finish are not watched on it; stream races still are.", UserWarning, stacklevel=2)
+
+
+def _observe(method: str, handle: int, query: bool) -> None:
+    detector = _active
+    if detector is not None:
+        detector.observed(method, handle, query)
 
 
 def _forward(method: str, *bound):
@@ -561,7 +728,9 @@ def _report_pending() -> None:
     if detector is None:
         return
     with detector.section():
-        races, detector.pending = detector.pending, []
+        races = detector._host_accesses(None) if detector.guards else []
+        races += detector.pending
+        detector.pending = []
     if races:
         detector._report(races)
 
@@ -581,6 +750,7 @@ def enable(action: str = "error") -> None:
     detector = _Detector(action)
     detector.__enter__()
     _active = detector
+    streams._host_observer = _observe
 
 
 def disable() -> None:
@@ -588,7 +758,11 @@ def disable() -> None:
     global _active
     detector, _active = _active, None
     if detector is not None:
+        streams._host_observer = None
         detector.__exit__(None, None, None)
+        for guard in list(detector.guards):  # nothing stays protected
+            _C._host_guard_release(guard)
+        detector.guards.clear()
 
 
 def is_enabled() -> bool:

@@ -87,6 +87,21 @@ def _wrap(stream: torch.Stream) -> "Stream":
     )
 
 
+# Set by the race detector while it is on (race_detector.py): called as
+# observer(method, handle, query) after a query found a stream's or an
+# event's work finished (query=True: the host has now seen it finish), or
+# after a synchronize returned (query=False: the trace hooks already told
+# it), so it can release the pages it protects and report a host access
+# it caught.
+_host_observer = None
+
+
+def _observed(method: str, handle: int, query: bool) -> None:
+    observer = _host_observer
+    if observer is not None:
+        observer(method, handle, query)
+
+
 class Stream(torch.Stream):
     r"""A phantom stream: an in-order queue of work on one device, run by its
     own worker thread, asynchronously to the host and to other streams.
@@ -135,12 +150,17 @@ class Stream(torch.Stream):
     def query(self) -> bool:
         """True when all work queued on the stream so far has finished.
         Never blocks; raises the stream's error if queued work failed."""
-        return super().query()
+        done = super().query()
+        if done and _host_observer is not None:
+            _observed("sync_stream", self.native_handle, True)
+        return done
 
     def synchronize(self) -> None:
         """Blocks until all work queued on the stream so far has finished;
         raises the stream's error if queued work failed."""
         super().synchronize()
+        if _host_observer is not None:
+            _observed("sync_stream", self.native_handle, False)
 
     def wait_event(self, event: torch.Event) -> None:
         """Makes work queued on this stream from now on wait for the point
@@ -344,7 +364,10 @@ class Event(torch.Event):
         never recorded. Never blocks."""
         if self._ipc is not None:
             return self._ipc.query()
-        return super().query()
+        done = super().query()
+        if done and _host_observer is not None:
+            _observed("sync_event", self.event_id, True)
+        return done
 
     def synchronize(self) -> None:
         """Blocks until the recorded point has been reached; raises the error
@@ -353,6 +376,8 @@ class Event(torch.Event):
             self._ipc.synchronize()
             return
         super().synchronize()
+        if _host_observer is not None:
+            _observed("sync_event", self.event_id, False)
 
     def elapsed_time(self, end_event: torch.Event) -> float:
         """Milliseconds from this event's record to ``end_event``'s record.

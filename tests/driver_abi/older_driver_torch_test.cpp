@@ -4,9 +4,11 @@
 // ph_run_host_func, telemetry and interprocess sharing. It loads, and ops
 // that wait for their result (the launch-then-wait fallback of
 // ph_run_host_func) and ops that are only queued both compute what the CPU
-// does; the calls it lacks read as unavailable.
+// does; the calls it lacks read as unavailable, and so does the device
+// property flag of a later minor (ABI 1006) its wrapped fake would set.
 #include <phantom/DeviceState.h>
 #include <phantom/DriverLoader.h>
+#include <phantom/HostGuard.h>
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -42,6 +44,13 @@ TEST(OlderMinorDriver, TelemetryItLacksReadsAsUnavailable) {
   const phantom::DeviceTelemetry telemetry = phantom::deviceTelemetry(0);
   EXPECT_FALSE(telemetry.driver_reports);
   EXPECT_FALSE(telemetry.utilization_percent.has_value());
+}
+
+TEST(OlderMinorDriver, ItsCopiesAreNotTakenToIgnoreHostProtection) {
+  // The wrapped fake sets PH_DEVICE_COPIES_IGNORE_HOST_PROTECTION; a driver
+  // of ABI 1000 cannot declare it, so the runtime never protects pinned
+  // memory on it.
+  EXPECT_FALSE(phantom::host_guard::available(0));
 }
 
 }  // namespace

@@ -2,8 +2,11 @@
 // between devices with its argument checks, and the stream-ordered
 // ph_memcpy_async / ph_memset_async: ordering on the stream, what returns
 // before the copy runs (pinned) and what waits (pageable), large copies, a
-// failed stream copying nothing.
+// failed stream copying nothing, and, from a driver that declares
+// PH_DEVICE_COPIES_IGNORE_HOST_PROTECTION, copies that do.
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -145,6 +148,41 @@ TEST(MemcpyAsync, PinnedCopyReturnsBeforeItRuns) {
   ASSERT_PH_OK(ph_stream_synchronize(stream));
   EXPECT_EQ(out.bytes()[0], 7);
   EXPECT_EQ(out.bytes()[4095], 7);
+}
+
+TEST(MemcpyAsync, ADeclaredCopyIgnoresHostProtectionOfItsPinnedSide) {
+  ph_device_properties_t props{};
+  props.struct_size = sizeof props;
+  ASSERT_PH_OK(ph_device_get_properties(0, &props));
+  if ((props.flags & PH_DEVICE_COPIES_IGNORE_HOST_PROTECTION) == 0) {
+    GTEST_SKIP() << "the driver does not declare "
+                    "PH_DEVICE_COPIES_IGNORE_HOST_PROTECTION "
+                    "(ph_device_properties_t.flags, OPTIONAL)";
+  }
+  const size_t size = 2 * static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  ScopedStream stream;
+  DeviceBuffer device(0, size);
+  PinnedBuffer out(size);
+  PinnedBuffer in(size);
+  ASSERT_PH_OK(ph_memset_async(device.get(), 7, size, stream));
+  // The host's view of both pinned blocks protected: the copies must not
+  // notice (nor fault the process).
+  ASSERT_EQ(mprotect(out.bytes(), size, PROT_NONE), 0);
+  ASSERT_PH_OK(ph_memcpy_async(out.bytes(), device.get(), size,
+                               PH_MEMCPY_DEVICE_TO_HOST, stream));
+  ASSERT_PH_OK(ph_stream_synchronize(stream));
+  ASSERT_EQ(mprotect(out.bytes(), size, PROT_READ | PROT_WRITE), 0);
+  EXPECT_EQ(out.bytes()[0], 7);
+  EXPECT_EQ(out.bytes()[size - 1], 7);
+  std::memset(in.bytes(), 9, size);
+  ASSERT_EQ(mprotect(in.bytes(), size, PROT_NONE), 0);
+  ASSERT_PH_OK(ph_memcpy_async(device.get(), in.bytes(), size,
+                               PH_MEMCPY_HOST_TO_DEVICE, stream));
+  ASSERT_PH_OK(ph_stream_synchronize(stream));
+  ASSERT_EQ(mprotect(in.bytes(), size, PROT_READ | PROT_WRITE), 0);
+  ASSERT_PH_OK(ph_memcpy(out.bytes(), device.get(), size,
+                         PH_MEMCPY_DEVICE_TO_HOST));
+  EXPECT_EQ(out.bytes()[size - 1], 9);
 }
 
 TEST(MemcpyAsync, PageableCopyWaitsForEarlierWorkAndItself) {

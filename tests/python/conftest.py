@@ -38,6 +38,9 @@ RACE_SUITE_EXCLUDED_FILES = {
     "test_race_detector.py":
         "plants races on purpose and switches the detector on and off by "
         "setting and by call in its own processes",
+    "test_race_detector_copies.py":
+        "plants host accesses to non_blocking copies' destinations on purpose "
+        "and switches the detector on and off in its own processes",
 }
 
 

@@ -157,6 +157,9 @@ def test_latency_above_the_limit_is_refused():
 # --------------------------------------------------------------------------
 
 
+@pytest.mark.no_race_detector(
+    "reads a non_blocking copy's destination before its sync on purpose, which "
+    "the detector reports (test_race_detector_copies.py)")
 def test_latency_shows_a_missing_sync_before_reading_a_non_blocking_copy():
     x = torch.arange(1000.0, device="phantom")
     torch.phantom.synchronize()

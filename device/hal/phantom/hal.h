@@ -87,7 +87,7 @@ extern "C" {
  * the runtime reads only the members its own header declares. A minor
  * only ever adds: table members and struct fields at the end, OPTIONAL
  * calls, flags. Anything else is a new major. */
-#define PH_HAL_ABI_VERSION 1005
+#define PH_HAL_ABI_VERSION 1006
 
 /* ------------------------------------------------------------------------ */
 /* Status codes                                                             */
@@ -148,7 +148,21 @@ typedef struct ph_device_properties {
   int multiprocessor_count; /* compute units; informational */
   int stream_priority_low;  /* numerically greatest (lowest) priority */
   int stream_priority_high; /* numerically least (highest) priority */
+  /* PH_DEVICE_* capability bits (since ABI 1006; 0 from older drivers). */
+  uint32_t flags;
 } ph_device_properties_t;
+
+/* Bits of ph_device_properties_t.flags. */
+enum {
+  /* The device's copies into pinned host memory (ph_memcpy_async to a
+   * ph_host_malloc block) write the memory whatever protection the host
+   * process has set on its own mapping of those pages (mprotect): a DMA
+   * engine writes physical pages. The runtime relies on it to protect a
+   * non_blocking device-to-host copy's destination from host reads until
+   * the host has seen the copy finish (the race detector); without the
+   * bit it never protects pinned memory. */
+  PH_DEVICE_COPIES_IGNORE_HOST_PROTECTION = 1u << 0,
+};
 
 /* Number of devices. Returns PH_ERROR_NOT_INITIALIZED (with *out_count = 0)
  * if the driver could not start, e.g. because its configuration is invalid;

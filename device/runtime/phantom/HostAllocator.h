@@ -52,6 +52,10 @@ bool recordPinnedUse(void* ptr, void* ctx, const PhantomStream& stream);
 // stream has reached this point instead.
 void recordPinnedUse(const c10::Storage& storage, const PhantomStream& stream);
 
+// True if `storage` is a block of this allocator: page-aligned and the
+// block's only user (phantom/HostGuard.h protects its whole pages).
+bool ownsPinnedBlock(const c10::Storage& storage);
+
 // Frees every cached pinned block whose pending events have completed
 // (torch.phantom.host_empty_cache()).
 void emptyHostCache();
