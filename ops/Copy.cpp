@@ -30,9 +30,9 @@
 #include <phantom/Launch.h>
 #include <phantom/Stream.h>
 #include <phantom/SyncDebug.h>
-#include <phantom/ops/BoundsCheck.h>
+#include <phantom/BoundsCheck.h>
+#include <phantom/KernelAliases.h>
 #include <phantom/ops/GenericPath.h>
-#include <phantom/ops/KernelAliases.h>
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/core/Tensor.h>
