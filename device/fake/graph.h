@@ -1,5 +1,4 @@
-// Graph capture and replay in the fake driver (hal.h, "Graph capture and
-// replay").
+// Graph capture and replay in the fake driver (phantom/hal_graph.h).
 //
 // A capture is a list of recorded Tasks (the same Task a stream would have
 // run) in the order the host made the calls, plus bookkeeping for the
