@@ -22,12 +22,12 @@ side = torch.phantom.Stream()
 """
 
 
-def run(body, env=None, enable="rd.enable()\n"):
+def run(body, env=None, enable="rd.enable()\n", prelude=PRELUDE):
     # From a file, as a user's script: reports quote its lines.
     with tempfile.TemporaryDirectory() as folder:
         script = os.path.join(folder, "program.py")
         with open(script, "w") as f:
-            f.write(PRELUDE + enable + body)
+            f.write(prelude + enable + body)
         out = subprocess.run([sys.executable, script], capture_output=True, text=True,
                              timeout=300, env={**os.environ, **(env or {})})
     assert out.returncode == 0, out.stderr[-3000:]

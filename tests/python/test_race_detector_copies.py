@@ -10,28 +10,13 @@ and read the right values.
 Each program runs in a new process: the detector activates PyTorch's GPU
 trace hooks, which stay on for the whole process.
 """
-import json
-import os
 import pathlib
-import subprocess
-import sys
-import tempfile
 
 import pytest
 
-PRELUDE = """
-import json, warnings
-import torch
-import torch.phantom.race_detector as rd
-from torch_phantom import _C
-default = torch.phantom.current_stream()
-side = torch.phantom.Stream()
-def attempt(fn):
-    try:
-        fn()
-        return None
-    except rd.StreamRaceError as e:
-        return {"text": str(e), "kinds": [r.kind for r in e.races]}
+from test_race_detector import CATCH, PRELUDE as DETECTOR_PRELUDE, run as run_program
+
+PRELUDE = DETECTOR_PRELUDE + "from torch_phantom import _C\n" + CATCH + """
 N = 4096  # floats: four pages
 src = torch.arange(N, dtype=torch.float32, device="phantom")
 expected = torch.arange(N, dtype=torch.float32)
@@ -41,15 +26,7 @@ HOST_ACCESS = "host access before copy finished"
 
 
 def run(body, env=None, enable="rd.enable()\n"):
-    # From a file, as a user's script: reports quote its lines.
-    with tempfile.TemporaryDirectory() as folder:
-        script = os.path.join(folder, "program.py")
-        with open(script, "w") as f:
-            f.write(PRELUDE + enable + body)
-        out = subprocess.run([sys.executable, script], capture_output=True, text=True,
-                             timeout=300, env={**os.environ, **(env or {})})
-    assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return run_program(body, env, enable, prelude=PRELUDE)
 
 
 def test_reading_the_destination_before_a_sync_raises_naming_the_copy_and_the_read():
