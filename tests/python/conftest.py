@@ -208,6 +208,15 @@ def assert_case_passed(results, name):
 # representative sample the script runs by default.
 
 
+def _skip_marked(items, marker_name, why):
+    """Skips every test marked ``marker_name(reason)``, saying ``why: reason``."""
+    for item in items:
+        marker = item.get_closest_marker(marker_name)
+        if marker is not None:
+            reason = marker.args[0] if marker.args else marker.kwargs.get("reason", "")
+            item.add_marker(pytest.mark.skip(reason=f"{why}: {reason}"))
+
+
 def _configure_no_kernel_view(config):
     config.addinivalue_line(
         "markers",
@@ -218,12 +227,7 @@ def _configure_no_kernel_view(config):
 def _select_without_kernel_view(config, items):
     if torch_phantom._C._has_kernel_view():
         return
-    for item in items:
-        marker = item.get_closest_marker("requires_kernel_view")
-        if marker is not None:
-            reason = marker.args[0] if marker.args else marker.kwargs.get("reason", "")
-            item.add_marker(pytest.mark.skip(
-                reason=f"needs the driver's kernel view: {reason}"))
+    _skip_marked(items, "requires_kernel_view", "needs the driver's kernel view")
     sample = os.environ.get("NO_KERNEL_VIEW_SAMPLE")
     if not sample:
         return
@@ -273,12 +277,8 @@ def _configure_other_drivers(config):
 def _skip_without_the_fake(items):
     if ON_FAKE_DRIVER:
         return
-    for item in items:
-        marker = item.get_closest_marker("requires_fake_driver")
-        if marker is not None:
-            reason = marker.args[0] if marker.args else marker.kwargs.get("reason", "")
-            item.add_marker(pytest.mark.skip(
-                reason=f"needs the fake driver, not {DRIVER_LIBRARY}: {reason}"))
+    _skip_marked(items, "requires_fake_driver",
+                 f"needs the fake driver, not {DRIVER_LIBRARY}")
 
 
 # --------------------------------------------------------------------------
