@@ -9,10 +9,18 @@
 #include <cerrno>
 #include <mutex>
 
+#include <phantom/common/fault_signals.h>
+
 #include "config.h"
 
 namespace phantom::fake {
 namespace {
+
+using fault_signals::Append;
+using fault_signals::AppendNumber;
+using fault_signals::EndWithTheSignal;
+using fault_signals::ForwardFault;
+using fault_signals::WriteToStderr;
 
 struct DeviceRangeSlot {
   std::atomic<uintptr_t> base{0};  // 0 = device not mapped; written last
@@ -28,40 +36,6 @@ static_assert(std::atomic<uintptr_t>::is_always_lock_free,
 DeviceRangeSlot g_ranges[kMaxDevices];
 struct sigaction g_previous_segv;
 struct sigaction g_previous_bus;
-
-// Appends `text` to buffer[*length], never past `capacity`.
-void Append(char* buffer, size_t capacity, size_t* length, const char* text) {
-  while (*text != '\0' && *length + 1 < capacity) buffer[(*length)++] = *text++;
-}
-
-void AppendHex(char* buffer, size_t capacity, size_t* length,
-               uintptr_t value) {
-  char digits[2 * sizeof(uintptr_t) + 3] = "0x";
-  int count = 0;
-  char reversed[2 * sizeof(uintptr_t)];
-  do {
-    reversed[count++] = "0123456789abcdef"[value & 0xf];
-    value >>= 4;
-  } while (value != 0);
-  int at = 2;
-  while (count > 0) digits[at++] = reversed[--count];
-  digits[at] = '\0';
-  Append(buffer, capacity, length, digits);
-}
-
-void AppendDecimal(char* buffer, size_t capacity, size_t* length, int value) {
-  char digits[16];
-  int count = 0;
-  unsigned v = static_cast<unsigned>(value);
-  do {
-    digits[count++] = static_cast<char>('0' + v % 10);
-    v /= 10;
-  } while (v != 0);
-  char ordered[16];
-  for (int i = 0; i < count; ++i) ordered[i] = digits[count - 1 - i];
-  ordered[count] = '\0';
-  Append(buffer, capacity, length, ordered);
-}
 
 bool InMigrationWindow(const DeviceRangeSlot& slot, uintptr_t address) {
   return address >= slot.migrating_begin.load(std::memory_order_acquire) &&
@@ -92,35 +66,20 @@ void OnFault(int signal_number, siginfo_t* info, void* context) {
     size_t length = 0;
     Append(message, sizeof message, &length,
            "phantom: host code touched device memory at ");
-    AppendHex(message, sizeof message, &length, address);
+    AppendNumber(message, sizeof message, &length, address, 16);
     Append(message, sizeof message, &length, " (phantom device ");
-    AppendDecimal(message, sizeof message, &length, device);
+    AppendNumber(message, sizeof message, &length,
+                 static_cast<uintptr_t>(device), 10);
     Append(message, sizeof message, &length,
            "). Device memory is not host-addressable: copy the tensor to the "
            "host first (e.g. tensor.cpu()).\n");
-    ssize_t ignored = write(STDERR_FILENO, message, length);
-    (void)ignored;
-    // Returning with the default action re-executes the faulting
-    // instruction, which now kills the process with the original signal.
-    struct sigaction default_action = {};
-    default_action.sa_handler = SIG_DFL;
-    sigemptyset(&default_action.sa_mask);
-    sigaction(signal_number, &default_action, nullptr);
+    WriteToStderr(message, length);
+    EndWithTheSignal(signal_number);
     errno = saved_errno;
     return;
   }
-  const struct sigaction& previous =
-      signal_number == SIGBUS ? g_previous_bus : g_previous_segv;
-  if ((previous.sa_flags & SA_SIGINFO) != 0) {
-    previous.sa_sigaction(signal_number, info, context);
-  } else if (previous.sa_handler == SIG_DFL ||
-             previous.sa_handler == SIG_IGN) {
-    // Restore and return: the fault recurs and takes its default course
-    // (the kernel does not let a synchronous fault be ignored).
-    sigaction(signal_number, &previous, nullptr);
-  } else {
-    previous.sa_handler(signal_number);
-  }
+  ForwardFault(signal_number, info, context,
+               signal_number == SIGBUS ? g_previous_bus : g_previous_segv);
   errno = saved_errno;
 }
 

@@ -19,32 +19,21 @@
 #include <cstdint>
 #include <mutex>
 
+#include <phantom/common/fault_signals.h>
+
 #include "client_memory.h"
 
 namespace phantom::remote {
 namespace {
 
+using fault_signals::Append;
+using fault_signals::AppendNumber;
+using fault_signals::EndWithTheSignal;
+using fault_signals::ForwardFault;
+using fault_signals::WriteToStderr;
+
 struct sigaction g_previous_segv;
 struct sigaction g_previous_bus;
-
-void Append(char* buffer, size_t capacity, size_t* length, const char* text) {
-  while (*text != '\0' && *length + 1 < capacity) buffer[(*length)++] = *text++;
-}
-
-// `value` in base 16 (with "0x") or 10, without allocating.
-void AppendNumber(char* buffer, size_t capacity, size_t* length,
-                  uintptr_t value, unsigned base) {
-  char reversed[2 * sizeof(uintptr_t) + 1];
-  int count = 0;
-  do {
-    reversed[count++] = "0123456789abcdef"[value % base];
-    value /= base;
-  } while (value != 0);
-  if (base == 16) Append(buffer, capacity, length, "0x");
-  while (count > 0 && *length + 1 < capacity) {
-    buffer[(*length)++] = reversed[--count];
-  }
-}
 
 void OnFault(int signal_number, siginfo_t* info, void* context) {
   const int saved_errno = errno;
@@ -63,29 +52,13 @@ void OnFault(int signal_number, siginfo_t* info, void* context) {
            ", which lives in the remote driver's server process). Device "
            "memory is not host-addressable: copy the tensor to the host "
            "first (e.g. tensor.cpu()).\n");
-    ssize_t ignored = write(STDERR_FILENO, message, length);
-    (void)ignored;
-    // Returning with the default action re-executes the faulting
-    // instruction, which now ends the process with the original signal.
-    struct sigaction default_action = {};
-    default_action.sa_handler = SIG_DFL;
-    sigemptyset(&default_action.sa_mask);
-    sigaction(signal_number, &default_action, nullptr);
+    WriteToStderr(message, length);
+    EndWithTheSignal(signal_number);
     errno = saved_errno;
     return;
   }
-  const struct sigaction& previous =
-      signal_number == SIGBUS ? g_previous_bus : g_previous_segv;
-  if ((previous.sa_flags & SA_SIGINFO) != 0) {
-    previous.sa_sigaction(signal_number, info, context);
-  } else if (previous.sa_handler == SIG_DFL ||
-             previous.sa_handler == SIG_IGN) {
-    // Restore and return: the fault recurs and takes its default course
-    // (a synchronous fault cannot be ignored).
-    sigaction(signal_number, &previous, nullptr);
-  } else {
-    previous.sa_handler(signal_number);
-  }
+  ForwardFault(signal_number, info, context,
+               signal_number == SIGBUS ? g_previous_bus : g_previous_segv);
   errno = saved_errno;
 }
 

@@ -9,6 +9,7 @@
 // it is kFree and published by the release store of kActive.
 #include <phantom/HostGuard.h>
 
+#include <phantom/common/fault_signals.h>
 #include <phantom/hal.h>
 
 #include <signal.h>
@@ -101,22 +102,13 @@ void OnFault(int signal_number, siginfo_t* info, void* context) {
   }
   if (t_in_handler != 0) {
     // We chained back to ourselves: take the default course.
-    struct sigaction default_action = {};
-    default_action.sa_handler = SIG_DFL;
-    sigemptyset(&default_action.sa_mask);
-    sigaction(signal_number, &default_action, nullptr);
+    fault_signals::EndWithTheSignal(signal_number);
     errno = saved_errno;
     return;
   }
   t_in_handler = 1;
   const struct sigaction previous = g_previous_segv;
-  if ((previous.sa_flags & SA_SIGINFO) != 0) {
-    previous.sa_sigaction(signal_number, info, context);
-  } else if (previous.sa_handler == SIG_DFL || previous.sa_handler == SIG_IGN) {
-    sigaction(signal_number, &previous, nullptr);  // the fault recurs
-  } else {
-    previous.sa_handler(signal_number);
-  }
+  fault_signals::ForwardFault(signal_number, info, context, previous);
   t_in_handler = 0;
   errno = saved_errno;
 }
