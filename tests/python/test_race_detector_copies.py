@@ -16,6 +16,13 @@ import pytest
 
 from test_race_detector import CATCH, PRELUDE as DETECTOR_PRELUDE, run as run_program
 
+# The guard needs a driver whose copies ignore host page protection
+# (PH_DEVICE_COPIES_IGNORE_HOST_PROTECTION): under another driver there is
+# nothing to guard. The last test runs the remote driver on its own.
+pytestmark = pytest.mark.requires_fake_driver(
+    "the copy guard needs a driver that declares "
+    "PH_DEVICE_COPIES_IGNORE_HOST_PROTECTION")
+
 PRELUDE = DETECTOR_PRELUDE + "from torch_phantom import _C\n" + CATCH + """
 N = 4096  # floats: four pages
 src = torch.arange(N, dtype=torch.float32, device="phantom")
