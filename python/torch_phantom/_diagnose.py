@@ -59,8 +59,7 @@ def _versions(hal: dict) -> List[Tuple[str, str]]:
 
 def _device_lines(hal: dict) -> List[str]:
     if not hal["devices"]:
-        why = _C._driver_error() or "PHANTOM_DEVICE_COUNT is 0"
-        return [f"none: {why}"]
+        return [f"none: {_dm._no_device_reason()}"]
     lines = []
     for index, props in enumerate(hal["devices"]):
         free, _ = _dm.mem_get_info(index)
@@ -241,7 +240,7 @@ def _self_test() -> List[str]:
     def available(_device):
         count = _dm.device_count()
         if count == 0:
-            raise RuntimeError(_C._driver_error() or f"no {BACKEND_NAME} devices: PHANTOM_DEVICE_COUNT is 0")
+            raise RuntimeError(f"no {BACKEND_NAME} devices: {_dm._no_device_reason()}")
         return f"{count} device(s)"
 
     ok, label = _run_check(f"a {BACKEND_NAME} device is available", available, None)

@@ -16,6 +16,7 @@ device gets a clear error instead of a hang on worker threads it does not
 have.
 """
 
+import os as _os
 import threading as _threading
 from typing import Any as _Any
 from typing import Union as _Union
@@ -196,11 +197,22 @@ def _lazy_init() -> None:
         if _is_in_bad_fork():
             _C._raise_bad_fork()  # the runtime's message (phantom/Device.h)
         if _C._device_count() == 0:
-            reason = _C._driver_error() or "PHANTOM_DEVICE_COUNT is 0"
-            raise RuntimeError(f"no {_BACKEND_NAME} device is available: {reason}")
+            raise RuntimeError(f"no {_BACKEND_NAME} device is available: {_no_device_reason()}")
         _C._init_runtime()  # registers the runtime's own fork handler
         _C._register_fork_handler()
         _initialized = True
+
+
+def _no_device_reason() -> str:
+    """Why the driver offers no device: its start-up error when it failed
+    to start, else that the driver it loaded reports none (how many devices
+    a driver offers is the driver's setting: the fake's is in
+    docs/fake-driver.md)."""
+    error = _C._driver_error()
+    if error:
+        return error
+    library = _os.path.basename(_C._hal_info()["driver_library"]) or "driver"
+    return f"the driver ({library}) reports 0 devices"
 
 
 def init() -> None:

@@ -81,8 +81,7 @@ def _device_indices(devices: Union[int, str, List[int]]) -> List[int]:
     if bad:
         raise ValueError(
             f"Trainer(accelerator={BACKEND_NAME!r}, devices={devices!r}) asks for "
-            f"{BACKEND_NAME} device(s) {bad}, but there are {count} "
-            f"(PHANTOM_DEVICE_COUNT sets how many)"
+            f"{BACKEND_NAME} device(s) {bad}, but the driver offers {count}"
         )
     if len(indices) != 1:
         raise ValueError(

@@ -114,7 +114,7 @@ def test_devices_names_the_phantom_device():
 def test_more_than_one_device_is_refused_at_the_trainer():
     with pytest.raises(ValueError, match="phantom has no distributed .c10d. backend"):
         pl.Trainer(accelerator="phantom", devices=2)
-    with pytest.raises(ValueError, match=r"phantom device\(s\) \[5\], but there are 2"):
+    with pytest.raises(ValueError, match=r"phantom device\(s\) \[5\], but the driver offers 2"):
         pl.Trainer(accelerator="phantom", devices=[5])
 
 

@@ -133,6 +133,9 @@ def test_init_raises_the_drivers_reason_when_there_is_no_device():
         extra_env={"PHANTOM_DEVICE_COUNT": "0"},
     )
     assert "raised: no phantom device is available" in done.stdout, done.stderr
+    # The reason comes from the driver, not from one driver's setting.
+    assert "the driver (libphantom" in done.stdout and "reports 0 devices" in done.stdout
+    assert "PHANTOM_DEVICE_COUNT" not in done.stdout
 
 
 # ---------------------------------------------------------------------------
