@@ -32,11 +32,14 @@
 #include <phantom/ops/GenericPath.h>
 #include <phantom/KernelAliases.h>
 #include <phantom/ops/OpsReport.h>
+#include <phantom/Exception.h>
+#include <phantom/hal.h>
 
 #include <ATen/core/Tensor.h>
 #include <ATen/core/boxing/impl/boxing.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ExpandUtils.h>
+#include <ATen/TensorIterator.h>
 #include <ATen/native/TypeProperties.h>
 #include <ATen/ops/add_cpu_dispatch.h>
 #include <ATen/ops/add_meta_dispatch.h>
@@ -112,6 +115,23 @@ class Input {
   // The input as a probe of the CPU kernel receives it (CpuAdmission.h).
   at::Tensor toProbe(const at::Tensor& given) const {
     return device_ ? probeTensor(given) : scalarTensor();
+  }
+
+  // Device memory, or nullptr for a CPU scalar.
+  const DeviceTensorRef* deviceRef() const {
+    return device_ ? &*device_ : nullptr;
+  }
+
+  // A CPU scalar converted to the op's dtype T as the CPU kernel converts
+  // it (one static_cast from the value's own type). Only for real values.
+  template <typename T>
+  T scalarAs() const {
+    return value_.isFloatingPoint() ? static_cast<T>(value_.toDouble())
+                                    : static_cast<T>(value_.toLong());
+  }
+
+  bool realScalar() const {
+    return !device_ && (value_.isFloatingPoint() || value_.isIntegral(false));
   }
 
  private:
@@ -217,9 +237,108 @@ void runBinary(Binary op, at::Tensor& out, const at::Tensor& a,
   }
 }
 
+// The direct loop. Most of a small-op chain is float or double operands of
+// one dtype, contiguous, of the output's shape (or a CPU scalar), too small
+// for the CPU kernel to go parallel. For those the queued kernel needs
+// neither CPU aliases nor a TensorIterator (which cost more on the worker
+// than the arithmetic: a graph replay of such a chain is that cost alone,
+// docs/graphs.md): it computes each element with the one IEEE operation
+// the CPU kernel does (add with alpha 1: a + b; mul; true division), so
+// results are bit-identical. sub is left to the CPU kernel, which computes
+// it as a + (-1) * b (a NaN's sign bit could differ).
+bool fitsDirectLoop(Binary op, const at::Tensor& out, const Input& a,
+                    const Input& b, const at::Scalar& alpha) {
+  if (op == Binary::kSub) {
+    return false;
+  }
+  if (op == Binary::kAdd &&
+      !(alpha.isIntegral(false) ? alpha.toLong() == 1
+                                : alpha.isFloatingPoint() && alpha.toDouble() == 1.0)) {
+    return false;
+  }
+  const c10::ScalarType dtype = out.scalar_type();
+  if ((dtype != c10::kFloat && dtype != c10::kDouble) || out.numel() == 0 ||
+      out.numel() > at::internal::GRAIN_SIZE || !out.is_contiguous()) {
+    return false;
+  }
+  for (const Input* input : {&a, &b}) {
+    const DeviceTensorRef* ref = input->deviceRef();
+    if (ref == nullptr ? !input->realScalar()
+                       : ref->dtype != out.dtype() || ref->is_conj ||
+                             ref->is_neg || ref->sizes != out.sizes() ||
+                             ref->strides != out.strides()) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// Where a contiguous operand's first element is, in the kernel view.
+template <typename T>
+T* kernelPointer(const DeviceTensorRef& ref) {
+  void* base = nullptr;
+  PHANTOM_CHECK(ph_kernel_address(ref.storage_data, &base));
+  return static_cast<T*>(base) + ref.storage_offset;
+}
+
+template <typename T, typename Op>
+void directLoop(const DeviceTensorRef& out, const Input& a, const Input& b,
+                Op op) {
+  const int64_t n = c10::multiply_integers(out.sizes);
+  T* o = kernelPointer<T>(out);
+  // `out` is an input itself (x.add_(y)) or overlaps none (writable()):
+  // no element is read after another one is written.
+  if (a.deviceRef() && b.deviceRef()) {
+    const T* x = kernelPointer<T>(*a.deviceRef());
+    const T* y = kernelPointer<T>(*b.deviceRef());
+#pragma GCC ivdep
+    for (int64_t i = 0; i < n; ++i) {
+      o[i] = op(x[i], y[i]);
+    }
+  } else if (a.deviceRef()) {
+    const T* x = kernelPointer<T>(*a.deviceRef());
+    const T y = b.template scalarAs<T>();
+#pragma GCC ivdep
+    for (int64_t i = 0; i < n; ++i) {
+      o[i] = op(x[i], y);
+    }
+  } else {
+    const T x = a.template scalarAs<T>();
+    const T* y = kernelPointer<T>(*b.deviceRef());
+#pragma GCC ivdep
+    for (int64_t i = 0; i < n; ++i) {
+      o[i] = op(x, y[i]);
+    }
+  }
+}
+
+template <typename T>
+void runDirect(Binary op, const DeviceTensorRef& out, const Input& a,
+               const Input& b) {
+  switch (op) {
+    case Binary::kAdd: return directLoop<T>(out, a, b, [](T x, T y) { return x + y; });
+    case Binary::kMul: return directLoop<T>(out, a, b, [](T x, T y) { return x * y; });
+    case Binary::kDiv: return directLoop<T>(out, a, b, [](T x, T y) { return x / y; });
+    case Binary::kSub: break;  // never direct (fitsDirectLoop)
+  }
+}
+
 // Queues `out = op(a, b, alpha)` on the current stream of `device`.
 void queueBinary(Binary op, const at::Tensor& out, Input a, Input b,
                  const at::Scalar& alpha, c10::Device device) {
+  if (fitsDirectLoop(op, out, a, b, alpha)) {
+    const bool is_float = out.scalar_type() == c10::kFloat;
+    launchAsync(getCurrentPhantomStream(device.index()), nameOf(op),
+                [op, is_float, out = DeviceTensorRef(out), a = std::move(a),
+                 b = std::move(b)] {
+                  if (is_float) {
+                    runDirect<float>(op, out, a, b);
+                  } else {
+                    runDirect<double>(op, out, a, b);
+                  }
+                });
+    return;
+  }
   launchAsync(getCurrentPhantomStream(device.index()), nameOf(op),
               [op, out = DeviceTensorRef(out), a = std::move(a),
                b = std::move(b), alpha] {
