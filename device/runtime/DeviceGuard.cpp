@@ -96,7 +96,12 @@ struct PhantomGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   }
 
   bool queryStream(const c10::Stream& stream) const override {
-    return PhantomStream(stream).query();
+    const PhantomStream phantom_stream(stream);
+    const bool done = phantom_stream.query();
+    if (done) {
+      gpu_trace::queryFinished(false, gpu_trace::id(phantom_stream.handle()));
+    }
+    return done;
   }
 
   void synchronizeStream(const c10::Stream& stream) const override {
@@ -152,6 +157,7 @@ struct PhantomGuardImpl final : public c10::impl::DeviceGuardImplInterface {
       return false;
     }
     PHANTOM_CHECK(status);
+    gpu_trace::queryFinished(true, gpu_trace::id(event));
     return true;
   }
 

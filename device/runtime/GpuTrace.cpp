@@ -1,4 +1,5 @@
-// The switch that ends PyTorch's GPU trace hooks at exit (GpuTrace.h).
+// The switch that ends PyTorch's GPU trace hooks at exit, the hook shield
+// and the query observer (GpuTrace.h).
 #include <phantom/GpuTrace.h>
 
 #include <atomic>
@@ -7,7 +8,16 @@ namespace phantom::gpu_trace {
 namespace {
 std::atomic<bool> stopped{false};
 std::atomic<HookShield> shield{nullptr};
+std::atomic<QueryObserver> query_observer{nullptr};
 }  // namespace
+
+void setQueryObserver(QueryObserver observer) noexcept {
+  query_observer.store(observer, std::memory_order_release);
+}
+
+QueryObserver queryObserver() noexcept {
+  return query_observer.load(std::memory_order_relaxed);
+}
 
 void setHookShield(HookShield hook_shield) noexcept {
   shield.store(hook_shield, std::memory_order_release);

@@ -243,6 +243,34 @@ PYBIND11_MODULE(_C, m) {
     PyErr_Restore(type, value, traceback);
     PyGILState_Release(gil);
   });
+  // The race detector's query observer (phantom/GpuTrace.h): called as
+  // observer(method, handle, True) when a query through the device guard
+  // answers "finished"; None removes it.
+  m.def("_set_query_observer", [](py::object observer) {
+    static PyObject* current = nullptr;  // a strong reference, or null
+    phantom::gpu_trace::setQueryObserver(nullptr);
+    Py_XDECREF(current);
+    current = nullptr;
+    if (observer.is_none()) {
+      return;
+    }
+    current = observer.release().ptr();
+    phantom::gpu_trace::setQueryObserver([](bool is_event, uintptr_t handle) {
+      PyObject* callback = current;
+      if (callback == nullptr || phantom::gpu_trace::tracingStopped()) {
+        return;
+      }
+      phantom::gpu_trace::runHook([&] {
+        PyObject* result = PyObject_CallFunction(
+            callback, "sKO", is_event ? "sync_event" : "sync_stream",
+            static_cast<unsigned long long>(handle), Py_True);
+        if (result == nullptr) {
+          throw py::error_already_set();
+        }
+        Py_DECREF(result);
+      });
+    });
+  });
   m.def("_synchronize", [](c10::DeviceIndex d) {
     py::gil_scoped_release no_gil;
     phantom::synchronizeDevice(d);

@@ -751,6 +751,7 @@ def enable(action: str = "error") -> None:
     detector.__enter__()
     _active = detector
     streams._host_observer = _observe
+    _C._set_query_observer(streams._observed)  # torch.Stream/Event queries too
 
 
 def disable() -> None:
@@ -759,6 +760,7 @@ def disable() -> None:
     detector, _active = _active, None
     if detector is not None:
         streams._host_observer = None
+        _C._set_query_observer(None)
         detector.__exit__(None, None, None)
         for guard in list(detector.guards):  # nothing stays protected
             _C._host_guard_release(guard)

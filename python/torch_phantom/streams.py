@@ -89,10 +89,11 @@ def _wrap(stream: torch.Stream) -> "Stream":
 
 # Set by the race detector while it is on (race_detector.py): called as
 # observer(method, handle, query) after a query found a stream's or an
-# event's work finished (query=True: the host has now seen it finish), or
-# after a synchronize returned (query=False: the trace hooks already told
-# it), so it can release the pages it protects and report a host access
-# it caught.
+# event's work finished (query=True: the host has now seen it finish; the
+# runtime calls it for every query through the device guard, torch.Stream's
+# and torch.Event's included), or after a synchronize returned
+# (query=False: the trace hooks already told it), so it can release the
+# pages it protects and report a host access it caught.
 _host_observer = None
 
 
@@ -150,10 +151,7 @@ class Stream(torch.Stream):
     def query(self) -> bool:
         """True when all work queued on the stream so far has finished.
         Never blocks; raises the stream's error if queued work failed."""
-        done = super().query()
-        if done and _host_observer is not None:
-            _observed("sync_stream", self.native_handle, True)
-        return done
+        return super().query()
 
     def synchronize(self) -> None:
         """Blocks until all work queued on the stream so far has finished;
@@ -364,10 +362,7 @@ class Event(torch.Event):
         never recorded. Never blocks."""
         if self._ipc is not None:
             return self._ipc.query()
-        done = super().query()
-        if done and _host_observer is not None:
-            _observed("sync_event", self.event_id, True)
-        return done
+        return super().query()
 
     def synchronize(self) -> None:
         """Blocks until the recorded point has been reached; raises the error

@@ -99,6 +99,9 @@ print(json.dumps({"race": attempt(lambda: torch.phantom.synchronize()),  # LINE-
     "torch.phantom.synchronize()",
     "e = torch.phantom.Event(); e.record()\nwhile not e.query(): pass",
     "while not torch.phantom.current_stream().query(): pass",
+    # torch's own event and stream, which reach phantom through its device guard
+    "e = torch.Event(device='phantom'); e.record()\nwhile not e.query(): pass",
+    "while not torch.accelerator.current_stream().query(): pass",
     "src.sum().item()  # an op that waits for the stream",
 ])
 def test_the_program_that_waits_for_the_copy_reports_nothing_and_reads_the_copy(observe):

@@ -45,6 +45,23 @@ inline void runHook(const Hook& hook) {
   }
 }
 
+// A query that answered "finished" (torch.Stream.query, torch.Event.query
+// and whatever calls them through the device guard): the host has now seen
+// that work end, as a synchronize shows it. c10's trace has no hook for a
+// query, so the race detector installs this one (it then releases the host
+// pages it protects until a copy is seen to finish). `is_event` tells an
+// event (named by its handle) from a stream (by its driver handle). No
+// observer: one relaxed load and a branch.
+using QueryObserver = void (*)(bool is_event, uintptr_t handle);
+void setQueryObserver(QueryObserver observer) noexcept;
+QueryObserver queryObserver() noexcept;
+
+inline void queryFinished(bool is_event, uintptr_t handle) {
+  if (QueryObserver observer = queryObserver(); C10_UNLIKELY(observer != nullptr)) {
+    observer(is_event, handle);
+  }
+}
+
 inline const c10::impl::PyInterpreter* active() {
   const c10::impl::PyInterpreter* trace = c10::impl::GPUTrace::get_trace();
   return C10_UNLIKELY(trace != nullptr) && !tracingStopped() ? trace : nullptr;
