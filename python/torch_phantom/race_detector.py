@@ -549,7 +549,8 @@ class _Detector(TorchDispatchMode):
             return func(*args, **kwargs)
         if func is torch.ops.aten.record_stream.default:
             tensor, stream = args
-            if tensor.device.type == BACKEND_NAME:
+            # (a stream of another device is the op's to refuse, with its message)
+            if tensor.device.type == BACKEND_NAME and stream.device.type == BACKEND_NAME:
                 with self.section():
                     handle = self._stream(stream)
                     for part in _dense_parts(tensor):
