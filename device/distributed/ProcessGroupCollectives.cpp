@@ -16,6 +16,7 @@
 
 #include <functional>
 #include <numeric>
+#include <string>
 
 namespace phantom::distributed {
 
@@ -116,6 +117,92 @@ void checkRank(int rank, int size, const char* op, const char* what) {
               " is not a rank of this group (0..", size - 1, ")");
 }
 
+void checkReducible(const ccl::Communicator& communicator, c10::ScalarType dtype,
+                    ReduceOp op, const char* name, const char* advice = "") {
+  TORCH_CHECK(communicator.supportsReduction(dtype, op), "pccl ", name,
+              ": cannot reduce ", dtype, " with ", ccl::reduceOpName(op), advice);
+}
+
+// A flat collective's tensors: `big` holds `small`'s elements once per rank
+// (all_gather_into_tensor's output, reduce_scatter_tensor's input).
+void checkFlatPair(const at::Tensor& output, const at::Tensor& input,
+                   bool output_is_big, int size, const char* name) {
+  checkTensor(input, name, "the input");
+  checkTensor(output, name, "the output");
+  checkSameDevice(output, input, name);
+  TORCH_CHECK(output.scalar_type() == input.scalar_type(), "pccl ", name,
+              ": the output is ", output.scalar_type(), " but the input is ",
+              input.scalar_type());
+  const at::Tensor& big = output_is_big ? output : input;
+  const at::Tensor& small = output_is_big ? input : output;
+  TORCH_CHECK(big.numel() == small.numel() * size, "pccl ", name, ": ",
+              output_is_big ? "the output" : "the input", " has ", big.numel(),
+              " elements; it needs ", output_is_big ? "the input's " : "the output's ",
+              small.numel(), " times the ", size, " ranks");
+}
+
+// The coalesced form of checkFlatPair, pair by pair; returns every tensor
+// the collective uses.
+std::vector<at::Tensor> checkCoalescedPairs(const std::vector<at::Tensor>& outputs,
+                                            const std::vector<at::Tensor>& inputs,
+                                            bool output_is_big, int size,
+                                            const char* name) {
+  TORCH_CHECK(!inputs.empty() && inputs.size() == outputs.size(), "pccl ", name,
+              ": needs as many outputs as inputs (", outputs.size(), " and ",
+              inputs.size(), ")");
+  std::vector<at::Tensor> used;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    checkTensor(inputs[i], name, "an input");
+    checkTensor(outputs[i], name, "an output");
+    checkSameDevice(inputs[i], inputs[0], name);
+    checkSameDevice(outputs[i], inputs[0], name);
+    const at::Tensor& big = output_is_big ? outputs[i] : inputs[i];
+    const at::Tensor& small = output_is_big ? inputs[i] : outputs[i];
+    TORCH_CHECK(outputs[i].scalar_type() == inputs[i].scalar_type() &&
+                    big.numel() == small.numel() * size,
+                "pccl ", name, ": ", output_is_big ? "output " : "input ", i,
+                " must be the ", output_is_big ? "input's" : "output's",
+                " dtype and hold its elements times the number of ranks");
+    used.push_back(inputs[i]);
+    used.push_back(outputs[i]);
+  }
+  return used;
+}
+
+// A list of one tensor per rank, each like `like` ("the output list" of
+// all_gather, "the input list" of reduce_scatter).
+void checkRankList(const std::vector<at::Tensor>& list, const at::Tensor& like,
+                   int size, const char* name, const char* list_name,
+                   const char* each) {
+  TORCH_CHECK(static_cast<int>(list.size()) == size, "pccl ", name, ": ",
+              list_name, " has ", list.size(),
+              " tensors; it needs one per rank (", size, ")");
+  for (const at::Tensor& t : list) {
+    checkLike(t, like, name, each);
+  }
+}
+
+// gather's and scatter's list ("gather"/"scatter"): the root's has one
+// tensor per rank, like `like`; the others give none. Returns the root's.
+std::vector<at::Tensor> rootList(const std::vector<std::vector<at::Tensor>>& lists,
+                                 const at::Tensor& like, bool is_root, int root,
+                                 int size, const char* name) {
+  if (!is_root) {
+    TORCH_CHECK(lists.empty() || (lists.size() == 1 && lists[0].empty()),
+                "pccl ", name, ": only the root (rank ", root, ") takes a ",
+                name, " list");
+    return {};
+  }
+  TORCH_CHECK(lists.size() == 1 && static_cast<int>(lists[0].size()) == size,
+              "pccl ", name, ": the root needs a ", name, " list of one tensor "
+              "per rank (", size, ")");
+  const std::string each = std::string("a ") + name + " list tensor";
+  for (const at::Tensor& t : lists[0]) {
+    checkLike(t, like, name, each.c_str());
+  }
+  return lists[0];
+}
+
 }  // namespace
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupPhantom::allreduce(
@@ -126,12 +213,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPhantom::allreduce(
   const at::Tensor& t = tensors[0];
   checkTensor(t, name, "the tensor");
   const ReduceOp op = reduceOpOf(opts.reduceOp, name);
-  TORCH_CHECK(communicator_->supportsReduction(t.scalar_type(), op), "pccl ",
-              name, ": cannot reduce ", t.scalar_type(), " with ",
-              ccl::reduceOpName(op),
-              "; avg needs a floating-point dtype, the bitwise ops an integer "
-              "or bool one, and the dtypes reduced are float32, float64, "
-              "float16, bfloat16, int8, uint8, int32, int64 and bool");
+  checkReducible(*communicator_, t.scalar_type(), op, name,
+                 "; avg needs a floating-point dtype, the bitwise ops an integer "
+                 "or bool one, and the dtypes reduced are float32, float64, "
+                 "float16, bfloat16, int8, uint8, int32, int64 and bool");
   Call call{c10d::OpType::ALLREDUCE, name, {t}, {t}, t.device(),
             [&](const PhantomStream& comm) {
               communicator_->allReduce(bufferOf(t), bufferOf(t), op, comm);
@@ -153,9 +238,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPhantom::allreduce_coalesced(
   for (const at::Tensor& t : tensors) {
     checkTensor(t, name, "a tensor");
     checkSameDevice(t, tensors[0], name);
-    TORCH_CHECK(communicator_->supportsReduction(t.scalar_type(), op), "pccl ",
-                name, ": cannot reduce ", t.scalar_type(), " with ",
-                ccl::reduceOpName(op));
+    checkReducible(*communicator_, t.scalar_type(), op, name);
   }
   Call call{c10d::OpType::ALLREDUCE_COALESCED, name, tensors, tensors,
             tensors[0].device(), [&](const PhantomStream& comm) {
@@ -194,9 +277,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPhantom::reduce(
   const int root = static_cast<int>(opts.rootRank);
   checkRank(root, size_, name, "root");
   const ReduceOp op = reduceOpOf(opts.reduceOp, name);
-  TORCH_CHECK(communicator_->supportsReduction(t.scalar_type(), op), "pccl ",
-              name, ": cannot reduce ", t.scalar_type(), " with ",
-              ccl::reduceOpName(op));
+  checkReducible(*communicator_, t.scalar_type(), op, name);
   Call call{c10d::OpType::REDUCE, name, {t}, {t}, t.device(),
             [&](const PhantomStream& comm) {
               communicator_->reduce(bufferOf(t), bufferOf(t), op, root, comm);
@@ -207,16 +288,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPhantom::reduce(
 c10::intrusive_ptr<c10d::Work> ProcessGroupPhantom::_allgather_base(
     at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions&) {
   constexpr const char* name = "all_gather_into_tensor";
-  checkTensor(input, name, "the input");
-  checkTensor(output, name, "the output");
-  checkSameDevice(output, input, name);
-  TORCH_CHECK(output.scalar_type() == input.scalar_type(), "pccl ", name,
-              ": the output is ", output.scalar_type(), " but the input is ",
-              input.scalar_type());
-  TORCH_CHECK(output.numel() == input.numel() * size_, "pccl ", name,
-              ": the output has ", output.numel(),
-              " elements; it needs the input's ", input.numel(), " times the ",
-              size_, " ranks");
+  checkFlatPair(output, input, /*output_is_big=*/true, size_, name);
   Call call{c10d::OpType::_ALLGATHER_BASE, name, {input, output}, {output},
             input.device(), [&](const PhantomStream& comm) {
               communicator_->allGather(bufferOf(input), bufferOf(output), comm);
@@ -233,12 +305,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPhantom::allgather(
   const at::Tensor& input = inputs[0];
   std::vector<at::Tensor>& outs = outputs[0];
   checkTensor(input, name, "the input");
-  TORCH_CHECK(static_cast<int>(outs.size()) == size_, "pccl ", name,
-              ": the output list has ", outs.size(),
-              " tensors; it needs one per rank (", size_, ")");
-  for (const at::Tensor& out : outs) {
-    checkLike(out, input, name, "an output");
-  }
+  checkRankList(outs, input, size_, name, "the output list", "an output");
   std::vector<at::Tensor> used = outs;
   used.push_back(input);
   const int64_t total = input.numel() * size_;
@@ -265,22 +332,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPhantom::allgather_into_tensor_coales
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions&) {
   constexpr const char* name = "all_gather_into_tensor_coalesced";
-  TORCH_CHECK(!inputs.empty() && inputs.size() == outputs.size(), "pccl ", name,
-              ": needs as many outputs as inputs (", outputs.size(), " and ",
-              inputs.size(), ")");
-  std::vector<at::Tensor> used;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    checkTensor(inputs[i], name, "an input");
-    checkTensor(outputs[i], name, "an output");
-    checkSameDevice(inputs[i], inputs[0], name);
-    checkSameDevice(outputs[i], inputs[0], name);
-    TORCH_CHECK(outputs[i].scalar_type() == inputs[i].scalar_type() &&
-                    outputs[i].numel() == inputs[i].numel() * size_,
-                "pccl ", name, ": output ", i, " must be the input's dtype and "
-                "hold its elements times the number of ranks");
-    used.push_back(inputs[i]);
-    used.push_back(outputs[i]);
-  }
+  const std::vector<at::Tensor> used =
+      checkCoalescedPairs(outputs, inputs, /*output_is_big=*/true, size_, name);
   Call call{c10d::OpType::COALESCED, name, used, outputs, inputs[0].device(),
             [&](const PhantomStream& comm) {
               communicator_->groupStart();
@@ -295,20 +348,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPhantom::allgather_into_tensor_coales
 c10::intrusive_ptr<c10d::Work> ProcessGroupPhantom::_reduce_scatter_base(
     at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
   constexpr const char* name = "reduce_scatter_tensor";
-  checkTensor(input, name, "the input");
-  checkTensor(output, name, "the output");
-  checkSameDevice(output, input, name);
-  TORCH_CHECK(output.scalar_type() == input.scalar_type(), "pccl ", name,
-              ": the output is ", output.scalar_type(), " but the input is ",
-              input.scalar_type());
-  TORCH_CHECK(input.numel() == output.numel() * size_, "pccl ", name,
-              ": the input has ", input.numel(),
-              " elements; it needs the output's ", output.numel(), " times the ",
-              size_, " ranks");
+  checkFlatPair(output, input, /*output_is_big=*/false, size_, name);
   const ReduceOp op = reduceOpOf(opts.reduceOp, name);
-  TORCH_CHECK(communicator_->supportsReduction(input.scalar_type(), op), "pccl ",
-              name, ": cannot reduce ", input.scalar_type(), " with ",
-              ccl::reduceOpName(op));
+  checkReducible(*communicator_, input.scalar_type(), op, name);
   Call call{c10d::OpType::_REDUCE_SCATTER_BASE, name, {input, output}, {output},
             input.device(), [&](const PhantomStream& comm) {
               communicator_->reduceScatter(bufferOf(input), bufferOf(output), op, comm);
@@ -326,16 +368,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPhantom::reduce_scatter(
   const at::Tensor& output = outputs[0];
   std::vector<at::Tensor>& ins = inputs[0];
   checkTensor(output, name, "the output");
-  TORCH_CHECK(static_cast<int>(ins.size()) == size_, "pccl ", name,
-              ": the input list has ", ins.size(),
-              " tensors; it needs one per rank (", size_, ")");
-  for (const at::Tensor& in : ins) {
-    checkLike(in, output, name, "an input");
-  }
+  checkRankList(ins, output, size_, name, "the input list", "an input");
   const ReduceOp op = reduceOpOf(opts.reduceOp, name);
-  TORCH_CHECK(communicator_->supportsReduction(output.scalar_type(), op), "pccl ",
-              name, ": cannot reduce ", output.scalar_type(), " with ",
-              ccl::reduceOpName(op));
+  checkReducible(*communicator_, output.scalar_type(), op, name);
   std::vector<at::Tensor> used = ins;
   used.push_back(output);
   const int64_t total = output.numel() * size_;
@@ -361,25 +396,11 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPhantom::reduce_scatter_tensor_coales
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::ReduceScatterOptions& opts) {
   constexpr const char* name = "reduce_scatter_tensor_coalesced";
-  TORCH_CHECK(!inputs.empty() && inputs.size() == outputs.size(), "pccl ", name,
-              ": needs as many outputs as inputs (", outputs.size(), " and ",
-              inputs.size(), ")");
   const ReduceOp op = reduceOpOf(opts.reduceOp, name);
-  std::vector<at::Tensor> used;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    checkTensor(inputs[i], name, "an input");
-    checkTensor(outputs[i], name, "an output");
-    checkSameDevice(inputs[i], inputs[0], name);
-    checkSameDevice(outputs[i], inputs[0], name);
-    TORCH_CHECK(outputs[i].scalar_type() == inputs[i].scalar_type() &&
-                    inputs[i].numel() == outputs[i].numel() * size_,
-                "pccl ", name, ": input ", i, " must be the output's dtype and "
-                "hold its elements times the number of ranks");
-    TORCH_CHECK(communicator_->supportsReduction(inputs[i].scalar_type(), op),
-                "pccl ", name, ": cannot reduce ", inputs[i].scalar_type(),
-                " with ", ccl::reduceOpName(op));
-    used.push_back(inputs[i]);
-    used.push_back(outputs[i]);
+  const std::vector<at::Tensor> used =
+      checkCoalescedPairs(outputs, inputs, /*output_is_big=*/false, size_, name);
+  for (const at::Tensor& input : inputs) {
+    checkReducible(*communicator_, input.scalar_type(), op, name);
   }
   Call call{c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED, name, used, outputs,
             inputs[0].device(), [&](const PhantomStream& comm) {
@@ -511,20 +532,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPhantom::gather(
   const int root = static_cast<int>(opts.rootRank);
   checkRank(root, size_, name, "root");
   const bool is_root = root == rank_;
-  std::vector<at::Tensor> outs;
-  if (is_root) {
-    TORCH_CHECK(outputs.size() == 1 && static_cast<int>(outputs[0].size()) == size_,
-                "pccl ", name, ": the root needs a gather list of one tensor per "
-                "rank (", size_, ")");
-    outs = outputs[0];
-    for (const at::Tensor& out : outs) {
-      checkLike(out, input, name, "a gather list tensor");
-    }
-  } else {
-    TORCH_CHECK(outputs.empty() || (outputs.size() == 1 && outputs[0].empty()),
-                "pccl ", name, ": only the root (rank ", root,
-                ") takes a gather list");
-  }
+  const std::vector<at::Tensor> outs =
+      rootList(outputs, input, is_root, root, size_, name);
   std::vector<at::Tensor> used = outs;
   used.push_back(input);
   Call call{c10d::OpType::GATHER, name, used, outs, input.device(),
@@ -559,20 +568,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPhantom::scatter(
   const int root = static_cast<int>(opts.rootRank);
   checkRank(root, size_, name, "root");
   const bool is_root = root == rank_;
-  std::vector<at::Tensor> ins;
-  if (is_root) {
-    TORCH_CHECK(inputs.size() == 1 && static_cast<int>(inputs[0].size()) == size_,
-                "pccl ", name, ": the root needs a scatter list of one tensor per "
-                "rank (", size_, ")");
-    ins = inputs[0];
-    for (const at::Tensor& in : ins) {
-      checkLike(in, output, name, "a scatter list tensor");
-    }
-  } else {
-    TORCH_CHECK(inputs.empty() || (inputs.size() == 1 && inputs[0].empty()),
-                "pccl ", name, ": only the root (rank ", root,
-                ") takes a scatter list");
-  }
+  const std::vector<at::Tensor> ins =
+      rootList(inputs, output, is_root, root, size_, name);
   std::vector<at::Tensor> used = ins;
   used.push_back(output);
   Call call{c10d::OpType::SCATTER, name, used, {output}, output.device(),

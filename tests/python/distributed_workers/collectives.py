@@ -537,6 +537,29 @@ def check_refusals():
         lambda: dist.all_gather_into_tensor(torch.empty(3, device=DEV), torch.ones(2, device=DEV)),
         "times the",
     )
+    raises(
+        lambda: dist.reduce_scatter_tensor(torch.empty(3, device=DEV), torch.ones(4, device=DEV)),
+        "the input has 4 elements; it needs the output's 3 times the",
+    )
+    raises(
+        lambda: dist.all_gather_into_tensor(torch.empty(2 * WORLD, dtype=torch.float64, device=DEV),
+                                            torch.ones(2, device=DEV)),
+        "the output is Double but the input is Float",
+    )
+    # gather's and scatter's lists: the root's holds one tensor per rank, the
+    # others give none (called on the backend: torch's wrapper checks the
+    # non-roots itself). Every rank is refused, so none waits for another.
+    two = torch.ones(2, device=DEV)
+    gather = dist.GatherOptions()
+    gather.rootRank = 0
+    raises(lambda: backend.gather([[two] * (WORLD + 1)] if RANK == 0 else [[two]], [two], gather),
+           "the root needs a gather list of one tensor per rank" if RANK == 0
+           else "only the root (rank 0) takes a gather list")
+    scatter = dist.ScatterOptions()
+    scatter.rootRank = 0
+    raises(lambda: backend.scatter([two], [[two.double()] * WORLD] if RANK == 0 else [[two]], scatter),
+           "a scatter list tensor is Double but the input is Float" if RANK == 0
+           else "only the root (rank 0) takes a scatter list")
     # Nothing was issued: the group still works.
     check_all_reduce(torch.float32, "sum", 4)
 
