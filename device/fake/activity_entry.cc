@@ -6,20 +6,11 @@
 #include "activity.h"
 #include "activity_trace.h"
 #include "config.h"
+#include "entry_checks.h"
 #include "errors.h"
 #include "phantom/hal.h"
 
 using namespace phantom::fake;  // NOLINT: this file is a C shell
-
-namespace {
-
-ph_status_t CheckStarted() {
-  const Config& config = GetConfig();
-  if (config.ok) return PH_SUCCESS;
-  return Fail(PH_ERROR_NOT_INITIALIZED, config.error);
-}
-
-}  // namespace
 
 extern "C" {
 

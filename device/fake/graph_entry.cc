@@ -7,42 +7,12 @@
 #include <utility>
 
 #include "config.h"
+#include "entry_checks.h"
 #include "errors.h"
 #include "graph.h"
 #include "phantom/hal.h"
 #include "stream.h"
 
-namespace phantom::fake {
-namespace {
-
-ph_status_t NullOut(const char* function, const char* parameter) {
-  return Fail(PH_ERROR_INVALID_ARGUMENT,
-              std::string(function) + ": " + parameter + " is NULL");
-}
-
-ph_status_t CheckStarted() {
-  const Config& config = GetConfig();
-  if (config.ok) return PH_SUCCESS;
-  return Fail(PH_ERROR_NOT_INITIALIZED, config.error);
-}
-
-ph_status_t Invalid(const char* function, const char* what, const void* h) {
-  char text[160];
-  std::snprintf(text, sizeof text, "%s: %s handle %p is null, destroyed or "
-                "not a %s", function, what, h, what);
-  return Fail(PH_ERROR_INVALID_HANDLE, text);
-}
-
-ph_status_t GetStream(const char* function, ph_stream_t handle,
-                      std::shared_ptr<Stream>* out) {
-  const ph_status_t started = CheckStarted();
-  if (started != PH_SUCCESS) return started;
-  *out = FindStream(handle);
-  return *out ? PH_SUCCESS : Invalid(function, "stream", handle);
-}
-
-}  // namespace
-}  // namespace phantom::fake
 
 using namespace phantom::fake;  // NOLINT: this file is the C shell
 
@@ -104,7 +74,7 @@ ph_status_t ph_graph_get_node_count(ph_graph_t handle, size_t* out_count) {
     const ph_status_t started = CheckStarted();
     if (started != PH_SUCCESS) return started;
     std::shared_ptr<GraphHandle> graph = FindGraph(handle);
-    if (!graph) return Invalid("ph_graph_get_node_count", "graph", handle);
+    if (!graph) return InvalidHandle("ph_graph_get_node_count", "graph", handle);
     *out_count = graph->body->nodes.size();
     return PH_SUCCESS;
   });
@@ -117,7 +87,7 @@ ph_status_t ph_graph_instantiate(ph_graph_t handle, ph_graph_exec_t* out_exec) {
     const ph_status_t started = CheckStarted();
     if (started != PH_SUCCESS) return started;
     std::shared_ptr<GraphHandle> graph = FindGraph(handle);
-    if (!graph) return Invalid("ph_graph_instantiate", "graph", handle);
+    if (!graph) return InvalidHandle("ph_graph_instantiate", "graph", handle);
     // The fake's executable graph is the node list itself (read-only once
     // captured), shared with the graph.
     auto exec = std::make_shared<GraphExecHandle>();
@@ -133,7 +103,7 @@ ph_status_t ph_graph_launch(ph_graph_exec_t exec_handle,
     const ph_status_t started = CheckStarted();
     if (started != PH_SUCCESS) return started;
     std::shared_ptr<GraphExecHandle> exec = FindGraphExec(exec_handle);
-    if (!exec) return Invalid("ph_graph_launch", "executable graph", exec_handle);
+    if (!exec) return InvalidHandle("ph_graph_launch", "executable graph", exec_handle);
     std::shared_ptr<Stream> stream;
     const ph_status_t found = GetStream("ph_graph_launch", stream_handle, &stream);
     if (found != PH_SUCCESS) return found;
@@ -146,7 +116,7 @@ ph_status_t ph_graph_exec_destroy(ph_graph_exec_t handle) {
     const ph_status_t started = CheckStarted();
     if (started != PH_SUCCESS) return started;
     if (!UnregisterGraphExec(handle)) {
-      return Invalid("ph_graph_exec_destroy", "executable graph", handle);
+      return InvalidHandle("ph_graph_exec_destroy", "executable graph", handle);
     }
     return PH_SUCCESS;
   });
@@ -156,7 +126,7 @@ ph_status_t ph_graph_destroy(ph_graph_t handle) {
   return Guarded("ph_graph_destroy", [&] {
     const ph_status_t started = CheckStarted();
     if (started != PH_SUCCESS) return started;
-    if (!UnregisterGraph(handle)) return Invalid("ph_graph_destroy", "graph", handle);
+    if (!UnregisterGraph(handle)) return InvalidHandle("ph_graph_destroy", "graph", handle);
     return PH_SUCCESS;
   });
 }
@@ -167,7 +137,7 @@ ph_status_t ph_graph_debug_dump(ph_graph_t handle, const char* path) {
     const ph_status_t started = CheckStarted();
     if (started != PH_SUCCESS) return started;
     std::shared_ptr<GraphHandle> graph = FindGraph(handle);
-    if (!graph) return Invalid("ph_graph_debug_dump", "graph", handle);
+    if (!graph) return InvalidHandle("ph_graph_debug_dump", "graph", handle);
     return DumpGraph(*graph->body, path);
   });
 }

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "config.h"
+#include "entry_checks.h"
 #include "errors.h"
 #include "event.h"
 #include "ipc.h"
@@ -16,15 +17,10 @@
 namespace phantom::fake {
 namespace {
 
-ph_status_t NullOut(const char* function, const char* parameter) {
-  return Fail(PH_ERROR_INVALID_ARGUMENT,
-              std::string(function) + ": " + parameter + " is NULL");
-}
-
 // The driver started (valid configuration) and offers sharing.
-ph_status_t CheckStarted(const char* function) {
-  const Config& config = GetConfig();
-  if (!config.ok) return Fail(PH_ERROR_NOT_INITIALIZED, config.error);
+ph_status_t CheckSharing(const char* function) {
+  const ph_status_t started = CheckStarted();
+  if (started != PH_SUCCESS) return started;
   return CheckIpcOffered(function);
 }
 
@@ -42,7 +38,7 @@ ph_status_t ph_ipc_get_mem_handle(const void* device_ptr,
       return NullOut("ph_ipc_get_mem_handle", "out_handle");
     }
     std::memset(out_handle, 0, sizeof *out_handle);
-    const ph_status_t status = CheckStarted("ph_ipc_get_mem_handle");
+    const ph_status_t status = CheckSharing("ph_ipc_get_mem_handle");
     if (status != PH_SUCCESS) return status;
     return ExportMemory(device_ptr, out_handle);
   });
@@ -54,7 +50,7 @@ ph_status_t ph_ipc_open_mem_handle(const ph_ipc_mem_handle_t* handle,
     if (out_ptr == nullptr) return NullOut("ph_ipc_open_mem_handle", "out_ptr");
     *out_ptr = nullptr;
     if (handle == nullptr) return NullOut("ph_ipc_open_mem_handle", "handle");
-    const ph_status_t status = CheckStarted("ph_ipc_open_mem_handle");
+    const ph_status_t status = CheckSharing("ph_ipc_open_mem_handle");
     if (status != PH_SUCCESS) return status;
     return OpenMemory(*handle, out_ptr);
   });
@@ -62,7 +58,7 @@ ph_status_t ph_ipc_open_mem_handle(const ph_ipc_mem_handle_t* handle,
 
 ph_status_t ph_ipc_close_mem_handle(void* device_ptr) {
   return Guarded("ph_ipc_close_mem_handle", [&] {
-    const ph_status_t status = CheckStarted("ph_ipc_close_mem_handle");
+    const ph_status_t status = CheckSharing("ph_ipc_close_mem_handle");
     if (status != PH_SUCCESS) return status;
     return CloseMemory(device_ptr);
   });
@@ -75,7 +71,7 @@ ph_status_t ph_ipc_get_event_handle(ph_event_t event_handle,
       return NullOut("ph_ipc_get_event_handle", "out_handle");
     }
     std::memset(out_handle, 0, sizeof *out_handle);
-    const ph_status_t status = CheckStarted("ph_ipc_get_event_handle");
+    const ph_status_t status = CheckSharing("ph_ipc_get_event_handle");
     if (status != PH_SUCCESS) return status;
     std::shared_ptr<Event> event = FindEvent(event_handle);
     if (!event) {
@@ -104,7 +100,7 @@ ph_status_t ph_ipc_open_event_handle(const ph_ipc_event_handle_t* handle,
     }
     *out_event = nullptr;
     if (handle == nullptr) return NullOut("ph_ipc_open_event_handle", "handle");
-    ph_status_t status = CheckStarted("ph_ipc_open_event_handle");
+    ph_status_t status = CheckSharing("ph_ipc_open_event_handle");
     if (status != PH_SUCCESS) return status;
     auto event = std::make_shared<Event>(PH_EVENT_INTERPROCESS |
                                          PH_EVENT_DISABLE_TIMING);
