@@ -30,9 +30,11 @@ ratio of the plain setting beside it as context (labelled, not judged):
              OpenMP's default wait policy; the in-process ratio (under
              run_perf.sh's OMP_WAIT_POLICY=PASSIVE, which slows the CPU's
              many small parallel regions) is context.
-  copies     judged against a CPU tensor copy_ with torch's default
-             threads and OpenMP policy (bench_copies.py in a child
-             process), as time ratio; the one-thread memcpy is context.
+  copies     judged against the CPU's best copy, a tensor copy_ with
+             torch's default threads and OpenMP policy or a one-thread
+             memcpy, whichever is faster in that round (bench_copies.py in
+             a child process), as time ratio; the ratio to copy_ alone is
+             kept beside it.
 
 Publishing. With --out bench/results/perf.json (the published result,
 what run_perf.sh writes) the run refuses to start from a tree with
@@ -451,13 +453,16 @@ def bench_training(args, results):
 def bench_copies_(args, results):
     """bench_copies.py in a child process with OpenMP's default wait policy
     (the CPU's copy_ at its best); each phantom copy's time over the time
-    of a CPU tensor copy_ of the same size (lower is better). Pinned H2D
-    and D2H are judged; pageable and D2D are context."""
+    of the CPU's best copy of the same size in the same round: a tensor
+    copy_ with torch's default threads or a one-thread memcpy, whichever
+    was faster (lower is better). Pinned H2D and D2H are judged; pageable
+    and D2D are context."""
     sizes = [1, 16] if args.quick else [1, 4, 16, 64, 256]
     cases = ["cpu_copy", "memcpy", "h2d_pinned", "d2h_pinned", "h2d_pageable",
              "d2h_pageable", "d2d"]
-    header("5. copies: time against a CPU copy_ (own process, OpenMP default; "
-           "ratio = phantom time / CPU copy_ time)", baseline="copy_")
+    header("5. copies: time against the CPU's best copy (copy_ with default threads "
+           "or one-thread memcpy, the faster; own process, OpenMP default)",
+           baseline="best CPU")
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
     with tempfile.TemporaryDirectory() as tmp:
         out = pathlib.Path(tmp) / "copies.json"
@@ -474,17 +479,25 @@ def bench_copies_(args, results):
         mib, nbytes = row["size_mib"], row["bytes"]
         base = row["cases"]["cpu_copy"]
         memcpy = row["cases"]["memcpy"]
+        # The CPU's best copy of each round: the faster of copy_ (default
+        # threads) and the one-thread memcpy (faster at small sizes, where
+        # waking a second thread costs more than it moves).
+        best_cpu = [min(a, b) for a, b in zip(base["samples_s"], memcpy["samples_s"])]
         for case in cases[2:]:
             r = row["cases"][case]
             judged = case in bench_copies.JUDGED
-            ratio = paired_ratio(r["samples_s"], base["samples_s"])
+            ratio = paired_ratio(r["samples_s"], best_cpu)
             results.append({
                 "benchmark": "copies", "case": f"{case} {mib} MiB", "size": nbytes,
                 "copy": case, "phantom_s": r["median_s"], "cpu_s": base["median_s"],
                 "phantom_gb_s": r["gb_per_s"], "cpu_copy_gb_s": base["gb_per_s"],
+                "best_cpu_gb_s": nbytes / statistics.median(best_cpu) / 1e9,
                 "memcpy_gb_s": memcpy["gb_per_s"],
-                # Judged: median over rounds of phantom / CPU copy_ time.
-                "ratio": ratio, "ratio_of_medians": r["median_s"] / base["median_s"],
+                # Judged: median over rounds of phantom time / the CPU's
+                # best copy (copy_ or memcpy, whichever was faster).
+                "ratio": ratio,
+                "ratio_of_medians": r["median_s"] / statistics.median(best_cpu),
+                "ratio_to_cpu_copy": paired_ratio(r["samples_s"], base["samples_s"]),
                 # Context: against the one-thread memcpy, as bandwidth.
                 "ratio_to_memcpy_bandwidth": memcpy["median_s"] / r["median_s"],
                 "judged": judged,
@@ -494,9 +507,10 @@ def bench_copies_(args, results):
                 "samples_memcpy_s": memcpy["samples_s"],
             })
             print(f"  {case + f' {mib} MiB':<34} {r['gb_per_s']:7.2f}GB/s"
-                  f" {base['gb_per_s']:7.2f}GB/s {ratio:7.2f}"
+                  f" {nbytes / statistics.median(best_cpu) / 1e9:7.2f}GB/s {ratio:7.2f}"
                   + ("" if judged else "  (context)")
-                  + f"  [memcpy {memcpy['gb_per_s']:.2f}GB/s]", flush=True)
+                  + f"  [copy_ {base['gb_per_s']:.2f}, memcpy {memcpy['gb_per_s']:.2f}GB/s]",
+                  flush=True)
     print(f"  child's load average at end: {report['load_average_at_end'][0]:.2f}")
 
 
@@ -653,6 +667,10 @@ def judge(results):
             row["met_alone"] = meets(judged)
         else:
             judged = row["ratio"]
+        if bench == "copies":
+            # Beside it, the issue's own yardstick: a CPU copy_ alone.
+            count("copies_vs_copy_ (context)", target, row["ratio_to_cpu_copy"],
+                  meets(row["ratio_to_cpu_copy"]))
         row["target"] = target
         row["judged_ratio"] = judged
         row["met"] = meets(judged)
@@ -797,7 +815,8 @@ def main(argv=None):
             "benchmark": "bench/bench_perf.py",
             "units": "seconds per call (median); ratio = median over blocks of "
                      "rounds (one round per arm order) of phantom/cpu time, for "
-                     "copies median over rounds of phantom / CPU copy_ time; "
+                     "copies median over rounds of phantom time / the faster of CPU "
+                     "copy_ and memcpy; "
                      "judged_ratio: the ratio the target judges (training: "
                      "alone_ratio); ratio_per_round: median of the rounds' "
                      "ratios; ratio_of_medians: the same of the two medians",
