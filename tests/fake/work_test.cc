@@ -298,25 +298,29 @@ TEST(CopyChannels, StreamedCopyAtAnOddOffsetAndSizeArrivesIntact) {
 }
 
 // Streams on several devices copy at once; whoever finds the second
-// channel busy copies alone, and no copy waits for or mixes with another.
+// channel busy copies alone, and no copy waits for or mixes with another:
+// split copies with ordinary stores, and streamed ones (whose stores each
+// channel fences before it reports its chunks done).
 TEST(CopyChannels, ConcurrentLargeCopiesAllArriveIntact) {
   constexpr int kThreads = 4;
-  const size_t size = kSplitCopyBytes + 4096 * 3 + 17;
-  std::vector<std::thread> threads;
-  std::atomic<int> intact{0};
-  for (int t = 0; t < kThreads; ++t) {
-    threads.emplace_back([&, t] {
-      const auto src = Unrepeating(size, 100 + t);
-      std::vector<unsigned char> dst(size);
-      for (int round = 0; round < 5; ++round) {
-        std::fill(dst.begin(), dst.end(), 0);
-        ChannelCopy(dst.data(), src.data(), size);
-        if (dst == src) intact++;
-      }
-    });
+  for (size_t size : {kSplitCopyBytes + 4096 * 3 + 17,
+                      kStreamingCopyBytes + 4096 * 5 + 29}) {
+    std::vector<std::thread> threads;
+    std::atomic<int> intact{0};
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&, t] {
+        const auto src = Unrepeating(size, 100 + t);
+        std::vector<unsigned char> dst(size);
+        for (int round = 0; round < 5; ++round) {
+          std::fill(dst.begin(), dst.end(), 0);
+          ChannelCopy(dst.data(), src.data(), size);
+          if (dst == src) intact++;
+        }
+      });
+    }
+    for (std::thread& thread : threads) thread.join();
+    EXPECT_EQ(intact.load(), kThreads * 5) << size << "-byte copies";
   }
-  for (std::thread& thread : threads) thread.join();
-  EXPECT_EQ(intact.load(), kThreads * 5);
 }
 
 /* ---- Process exit ------------------------------------------------------ */
