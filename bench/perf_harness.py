@@ -278,6 +278,7 @@ def machine():
         "cpuidle_driver": read("/sys/devices/system/cpu/cpuidle/current_driver"),
         "guest_halt_poll_ns": read("/sys/module/haltpoll/parameters/guest_halt_poll_ns"),
         "env": {k: os.environ[k] for k in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS",
-                                           "PHANTOM_SYNC_GENERIC", "PHANTOM_ALLOC_CONF")
+                                           "PHANTOM_SYNC_GENERIC", "PHANTOM_ALLOC_CONF",
+                                           "THP_MEM_ALLOC_ENABLE")
                 if k in os.environ},
     }

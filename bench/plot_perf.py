@@ -13,29 +13,43 @@ import argparse
 import json
 import pathlib
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def commit_label(machine, digits=12):
+    """The measured commit, shortened, with its "+dirty" mark kept: a
+    result from uncommitted code must say so wherever it is shown."""
+    commit = machine["phantom_commit"]
+    return commit[:digits] + ("+dirty" if commit.endswith("+dirty") else "")
 
 
 def subtitle(data):
     m = data["machine"]
     return (f"{m['cpu_model']}, {m['cpu_count']} cores, {m['torch_threads']} threads, "
-            f"torch {m['torch']}, phantom {m['phantom_commit'][:10]}, {m['date'][:10]}")
+            f"torch {m['torch']}, phantom {commit_label(m, 10)}, {m['date'][:10]}")
+
+
+def pyplot():
+    """matplotlib's pyplot, imported only to plot: --markdown needs none."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
 
 
 def plot_scaling(data, out):
+    plt = pyplot()
     rows = [r for r in data["results"] if r["benchmark"] == "scaling"]
     if not rows:
         return False
     figure, axis = plt.subplots(figsize=(7, 4.2))
     for op in dict.fromkeys(r["op"] for r in rows):
-        points = sorted((r["size"], r["ratio"]) for r in rows if r["op"] == op)
+        part = [r for r in rows if r["op"] == op]
+        points = sorted((r["size"], r["ratio"]) for r in part)
+        context = any(r.get("context") for r in part)  # shown, not judged
         axis.plot([p[0] for p in points], [p[1] for p in points], marker="o",
-                  label=op)
+                  label=op + (" (context: fresh output)" if context else ""),
+                  linestyle="--" if context else "-", alpha=0.6 if context else 1.0)
     axis.axhline(1.0, color="black", linewidth=0.8)
     top = max(r["size"] for r in rows)
     axis.plot([1e6, top], [1.05, 1.05], color="grey", linestyle="--",
@@ -54,16 +68,19 @@ def plot_scaling(data, out):
 
 
 def plot_training(data, out):
+    plt = pyplot()
     rows = [r for r in data["results"] if r["benchmark"] == "training"]
     if not rows:
         return False
     figure, axis = plt.subplots(figsize=(7, 4))
     names = [r["case"] for r in rows]
     xs = range(len(rows))
-    # In one process, and (when measured) each device alone.
+    # Each device alone (judged) first when measured, then in one process
+    # (context).
     pairs = [("phantom_s", "cpu_s", "ratio", "", 1.0)]
     if all(r.get("alone_ratio") for r in rows):
-        pairs.append(("phantom_alone_s", "cpu_alone_s", "alone_ratio", ", each alone", 0.45))
+        pairs = [("phantom_alone_s", "cpu_alone_s", "alone_ratio", ", each alone (judged)", 1.0),
+                 ("phantom_s", "cpu_s", "ratio", ", one process (context)", 0.45)]
     width = 0.8 / (2 * len(pairs))
     for p, (ph, cpu, ratio, label, alpha) in enumerate(pairs):
         left = -0.4 + 2 * p * width + width / 2
@@ -108,7 +125,7 @@ def markdown(data):
     """The results as markdown tables, one per benchmark."""
     m = data["machine"]
     print(f"Taken on {m['cpu_model']} ({m['cpu_count']} cores, torch {m['torch']}, "
-          f"{m['torch_threads']} threads), phantom commit `{m['phantom_commit'][:12]}`, "
+          f"{m['torch_threads']} threads), phantom commit `{commit_label(m)}`, "
           f"{m['date']}, "
           + (f"cpuidle {m['cpuidle_driver']} with guest_halt_poll_ns {m['guest_halt_poll_ns']}, "
              if m.get("cpuidle_driver") else "")
@@ -124,51 +141,74 @@ def markdown(data):
           + (f", {m['steal_fraction']:.0%} of the CPU time stolen by the hypervisor"
              if m.get("steal_fraction") is not None else "") + ".\n")
     rows = data["results"]
-    for bench in ("small_ops", "scaling", "large_ops", "training"):
+
+    def judged(r):
+        target = r.get("target")
+        if not target:
+            return r.get("context") and "(context)" or "(not judged)"
+        return f"{target}{' met' if r.get('met') else ' **not met**'}"
+
+    for bench in ("small_ops", "scaling", "large_ops"):
         part = [r for r in rows if r["benchmark"] == bench]
         if not part:
             continue
-        # The plots (written by this script next to docs/performance.md).
-        image = {"scaling": "![phantom/CPU ratio against size](img/perf_scaling.png)",
-                 "training": "![time per training step, in one process and each "
-                             "alone](img/perf_training.png)"}.get(bench)
-        if image:
-            print(image + "\n")
-        alone = bench == "training" and any(r.get("cpu_alone_s") for r in part)
+        if bench == "scaling":
+            print("![phantom/CPU ratio against size](img/perf_scaling.png)\n")
         control = any("control_ratio" in r for r in part)
+        default_alloc = any(r.get("ratio_cpu_default_alloc") for r in part)
         print(f"| {bench} | phantom | CPU | phantom/CPU | target |"
-              + (" noise floor (CPU copy 2 / copy 1) |" if control else "")
-              + (" CPU alone | phantom alone | phantom/CPU, each alone |"
-                 " phantom alone, backward on the caller: ratio |" if alone else ""))
-        print("|---|---:|---:|---:|---|" + ("---:|" if control else "")
-              + ("---:|---:|---:|---:|" if alone else ""))
+              + (" context: phantom / CPU with torch's default allocation (4 KiB pages) |"
+                 if default_alloc else "")
+              + (" noise floor (CPU copy 2 / copy 1) |" if control else ""))
+        print("|---|---:|---:|---:|---|" + ("---:|" if default_alloc else "")
+              + ("---:|" if control else ""))
         for r in part:
-            target = r.get("target") or "(not judged)"
-            met = "" if "met" not in r else (" met" if r["met"] else " **not met**")
             extra = ""
+            if default_alloc:
+                c = r.get("ratio_cpu_default_alloc")
+                extra += f" {c:.2f} |" if c else " ? |"
             if control:
                 extra += (f" {r['control_ratio']:.2f} |" if "control_ratio" in r
                           else " |")
-            if alone:
-                a, pa, ar = r.get("cpu_alone_s"), r.get("phantom_alone_s"), r.get("alone_ratio")
-                extra += f" {fmt(a) if a else '?'} |"
-                extra += (f" {fmt(pa)} | {ar:.2f}{' met' if r.get('met_alone') else ' **not met**'} |"
-                          if pa and ar else
-                          # results of the suite before it ran phantom alone
-                          f" - | (phantom in the suite / that: {r['phantom_s'] / a:.2f}) |"
-                          if a else " ? | ? |")
-                car = r.get("caller_alone_ratio")
-                extra += f" {car:.2f} |" if car else " - |"
             print(f"| {r['case']} | {fmt(r['phantom_s'])} | {fmt(r['cpu_s'])} | "
-                  f"{r['ratio']:.2f} | {target}{met} |" + extra)
+                  f"{r['ratio']:.2f} | {judged(r)} |" + extra)
+        print()
+    part = [r for r in rows if r["benchmark"] == "training"]
+    if part:
+        print("![time per training step, in one process and each "
+              "alone](img/perf_training.png)\n")
+        # Judged: each device alone (own processes, OpenMP default policy).
+        print("| training | CPU alone | phantom alone | phantom/CPU, each alone | target |"
+              " phantom alone, backward on the caller: ratio |"
+              " context, in one process: phantom | CPU | phantom/CPU |"
+              " noise floor (CPU copy 2 / copy 1) |")
+        print("|---|---:|---:|---:|---|---:|---:|---:|---:|---:|")
+        for r in part:
+            a, pa, ar = r.get("cpu_alone_s"), r.get("phantom_alone_s"), r.get("alone_ratio")
+            car = r.get("caller_alone_ratio")
+            noise = r.get("control_ratio")
+            print(f"| {r['case']} | {fmt(a) if a else '?'} | {fmt(pa) if pa else '?'} | "
+                  f"{f'{ar:.2f}' if ar else '?'} | {judged(r)} | "
+                  f"{f'{car:.2f}' if car else '-'} | {fmt(r['phantom_s'])} | "
+                  f"{fmt(r['cpu_s'])} | {r['ratio']:.2f} | "
+                  f"{f'{noise:.2f}' if noise else ''} |")
         print()
     part = [r for r in rows if r["benchmark"] == "copies"]
     if part:
-        print("| copy | phantom GB/s | memcpy GB/s | phantom/memcpy | target |")
-        print("|---|---:|---:|---:|---|")
-        for r in part:
-            print(f"| {r['case']} | {r['phantom_gb_s']:.2f} | {r['memcpy_gb_s']:.2f} | "
-                  f"{r['ratio']:.2f} | {r['target']}{' met' if r['met'] else ' **not met**'} |")
+        if "cpu_copy_gb_s" in part[0]:
+            print("| copy | phantom GB/s | best CPU GB/s | phantom/best CPU time | target |"
+                  " CPU copy_ GB/s | memcpy (one thread) GB/s | phantom/copy_ time |")
+            print("|---|---:|---:|---:|---|---:|---:|---:|")
+            for r in part:
+                print(f"| {r['case']} | {r['phantom_gb_s']:.2f} | {r['best_cpu_gb_s']:.2f} | "
+                      f"{r['ratio']:.2f} | {judged(r)} | {r['cpu_copy_gb_s']:.2f} | "
+                      f"{r['memcpy_gb_s']:.2f} | {r['ratio_to_cpu_copy']:.2f} |")
+        else:  # results from before copies were judged against copy_
+            print("| copy | phantom GB/s | memcpy GB/s | phantom/memcpy bandwidth | target |")
+            print("|---|---:|---:|---:|---|")
+            for r in part:
+                print(f"| {r['case']} | {r['phantom_gb_s']:.2f} | {r['memcpy_gb_s']:.2f} | "
+                      f"{r['ratio']:.2f} | {judged(r)} |")
         print()
     part = [r for r in rows if r["benchmark"] == "breakdown"]
     if part:

@@ -3,6 +3,9 @@
 # latency, scaling, large ops, training steps, copies), then the plots.
 #   bash bench/run_perf.sh            # full run, ~5 min, writes bench/results/perf.json
 #   bash bench/run_perf.sh --quick    # < 1 min smoke run (results not saved)
+# The full run writes the published result, bench/results/perf.json, and
+# refuses to from a tree with uncommitted changes (--allow-dirty: write it
+# anyway, its commit marked +dirty).
 # Extra arguments go to bench/bench_perf.py (e.g. --only scaling --reps 7).
 # Builds nothing: torch_phantom must be importable (installed, or
 # PYTHONPATH=<build>/python).
@@ -18,8 +21,14 @@ fi
 # delays into 20 ms per parallel region (seen at load 10 on 2 cores: a
 # 10^6-element add took 20 ms instead of 0.3 ms on the CPU); passive waiting
 # measures the code, not the scheduler. Same setting for both devices.
+# (The judged training ratio, "each alone", and the copies run in child
+# processes with OpenMP's default policy: the CPU at its best.)
 export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
-echo "load: $(uptime); OMP_WAIT_POLICY=$OMP_WAIT_POLICY"
+# torch puts CPU tensors of 2 MiB and more in 2 MiB pages, as phantom's
+# device memory is: the large ops are judged with both arms on the same
+# page size (bench_perf.py times the CPU's default allocation as context).
+export THP_MEM_ALLOC_ENABLE="${THP_MEM_ALLOC_ENABLE:-1}"
+echo "load: $(uptime); OMP_WAIT_POLICY=$OMP_WAIT_POLICY THP_MEM_ALLOC_ENABLE=$THP_MEM_ALLOC_ENABLE"
 out=bench/results/perf.json
 for a in "$@"; do
   # A quick or partial run must not overwrite the saved full results.

@@ -15,6 +15,10 @@
 
 #include "spin_wait.h"
 
+#if defined(__x86_64__)
+#include <emmintrin.h>  // SSE2: part of every x86-64 CPU
+#endif
+
 namespace phantom::fake {
 namespace {
 
@@ -25,13 +29,21 @@ namespace {
 // the two together instead of that of the slower half.
 constexpr size_t kChunkBytes = size_t{2} << 20;
 
-// Takes chunks of [0, size) from `next` and copies them until none is left.
+// Takes chunks of [0, size) from `next` and copies them until none is
+// left, with streaming stores when the whole copy is large
+// (kStreamingCopyBytes; a chunk alone is always below it).
 void CopyChunks(std::atomic<size_t>& next, unsigned char* dst,
                 const unsigned char* src, size_t size) {
+  const bool streaming = size >= kStreamingCopyBytes;
   for (;;) {
     const size_t offset = next.fetch_add(kChunkBytes, std::memory_order_relaxed);
     if (offset >= size) return;
-    std::memcpy(dst + offset, src + offset, std::min(kChunkBytes, size - offset));
+    const size_t bytes = std::min(kChunkBytes, size - offset);
+    if (streaming) {
+      StreamingCopy(dst + offset, src + offset, bytes);
+    } else {
+      std::memcpy(dst + offset, src + offset, bytes);
+    }
   }
 }
 
@@ -173,6 +185,43 @@ SecondChannel& Channel() {
 
 }  // namespace
 
+void StreamingCopy(void* dst, const void* src, size_t size) {
+#if defined(__x86_64__)
+  auto* to = static_cast<unsigned char*>(dst);
+  const auto* from = static_cast<const unsigned char*>(src);
+  // Streaming stores need a 16-byte aligned destination; a whole cache
+  // line per turn lets the CPU write it out without reading it first.
+  constexpr size_t kLine = 64;
+  const size_t head = std::min(
+      size, (kLine - reinterpret_cast<uintptr_t>(to) % kLine) % kLine);
+  std::memcpy(to, from, head);
+  to += head;
+  from += head;
+  size -= head;
+  const size_t lines = size / kLine;
+  for (size_t i = 0; i < lines; ++i) {
+    const auto* in = reinterpret_cast<const __m128i*>(from);
+    auto* out = reinterpret_cast<__m128i*>(to);
+    const __m128i a = _mm_loadu_si128(in);
+    const __m128i b = _mm_loadu_si128(in + 1);
+    const __m128i c = _mm_loadu_si128(in + 2);
+    const __m128i d = _mm_loadu_si128(in + 3);
+    _mm_stream_si128(out, a);
+    _mm_stream_si128(out + 1, b);
+    _mm_stream_si128(out + 2, c);
+    _mm_stream_si128(out + 3, d);
+    to += kLine;
+    from += kLine;
+  }
+  std::memcpy(to, from, size % kLine);
+  // Streaming stores are weakly ordered: fence them so that whoever learns
+  // of the copy's end through a release store also sees its bytes.
+  _mm_sfence();
+#else
+  std::memcpy(dst, src, size);
+#endif
+}
+
 int ChannelCopy(void* dst, const void* src, size_t size) {
   const auto to = reinterpret_cast<uintptr_t>(dst);
   const auto from = reinterpret_cast<uintptr_t>(src);
@@ -183,7 +232,9 @@ int ChannelCopy(void* dst, const void* src, size_t size) {
   }
   SecondChannel& channel = Channel();
   if (!channel.TryStart(dst, src, size)) {
-    std::memcpy(dst, src, size);
+    std::atomic<size_t> next{0};  // the same chunks, all on this thread
+    CopyChunks(next, static_cast<unsigned char*>(dst),
+               static_cast<const unsigned char*>(src), size);
     return 1;
   }
   channel.Work();

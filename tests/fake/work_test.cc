@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -252,26 +253,74 @@ TEST(CopyChannels, SmallAndOverlappingCopiesKeepMemmoveOnOneChannel) {
   }
 }
 
+// Streaming stores write whole aligned lines; the bytes before the first
+// line boundary and after the last are copied apart. Every split of a
+// copy into head, lines and tail must put each byte in its place and
+// touch nothing outside the destination range.
+TEST(CopyChannels, StreamingCopyOfOddSizesAndAlignmentsMovesExactlyItsBytes) {
+  const size_t room = 4096;
+  const auto src = Unrepeating(room, 21);
+  for (size_t dst_offset : {0, 1, 15, 16, 17, 63, 64, 65}) {
+    for (size_t src_offset : {0, 3, 64}) {
+      for (size_t size : {0, 1, 15, 63, 64, 65, 127, 128, 1000, 2049}) {
+        std::vector<unsigned char> dst(room + 128, 0xA5);
+        StreamingCopy(dst.data() + dst_offset, src.data() + src_offset, size);
+        for (size_t i = 0; i < dst.size(); ++i) {
+          const bool inside = i >= dst_offset && i < dst_offset + size;
+          const unsigned char want =
+              inside ? src[src_offset + (i - dst_offset)] : 0xA5;
+          ASSERT_EQ(dst[i], want)
+              << "byte " << i << " of a " << size << "-byte copy to offset "
+              << dst_offset << " from offset " << src_offset;
+        }
+      }
+    }
+  }
+}
+
+// A copy large enough for streaming stores, not a whole number of chunks,
+// to a destination off any line boundary: both channels' chunks, each
+// with an unaligned head, and the short last chunk arrive intact.
+TEST(CopyChannels, StreamedCopyAtAnOddOffsetAndSizeArrivesIntact) {
+  const size_t size = kStreamingCopyBytes + 3 * 4096 + 77;
+  const auto src = Unrepeating(size + 5, 33);
+  std::vector<unsigned char> dst(size + 16, 0);
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    std::fill(dst.begin(), dst.end(), 0);
+    ChannelCopy(dst.data() + 7, src.data() + 5, size);
+    EXPECT_TRUE(std::equal(src.begin() + 5, src.begin() + 5 + size,
+                           dst.begin() + 7));
+    EXPECT_TRUE(std::all_of(dst.begin(), dst.begin() + 7,
+                            [](unsigned char b) { return b == 0; }));
+    EXPECT_TRUE(std::all_of(dst.begin() + 7 + size, dst.end(),
+                            [](unsigned char b) { return b == 0; }));
+  }
+}
+
 // Streams on several devices copy at once; whoever finds the second
-// channel busy copies alone, and no copy waits for or mixes with another.
+// channel busy copies alone, and no copy waits for or mixes with another:
+// split copies with ordinary stores, and streamed ones (whose stores each
+// channel fences before it reports its chunks done).
 TEST(CopyChannels, ConcurrentLargeCopiesAllArriveIntact) {
   constexpr int kThreads = 4;
-  const size_t size = kSplitCopyBytes + 4096 * 3 + 17;
-  std::vector<std::thread> threads;
-  std::atomic<int> intact{0};
-  for (int t = 0; t < kThreads; ++t) {
-    threads.emplace_back([&, t] {
-      const auto src = Unrepeating(size, 100 + t);
-      std::vector<unsigned char> dst(size);
-      for (int round = 0; round < 5; ++round) {
-        std::fill(dst.begin(), dst.end(), 0);
-        ChannelCopy(dst.data(), src.data(), size);
-        if (dst == src) intact++;
-      }
-    });
+  for (size_t size : {kSplitCopyBytes + 4096 * 3 + 17,
+                      kStreamingCopyBytes + 4096 * 5 + 29}) {
+    std::vector<std::thread> threads;
+    std::atomic<int> intact{0};
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&, t] {
+        const auto src = Unrepeating(size, 100 + t);
+        std::vector<unsigned char> dst(size);
+        for (int round = 0; round < 5; ++round) {
+          std::fill(dst.begin(), dst.end(), 0);
+          ChannelCopy(dst.data(), src.data(), size);
+          if (dst == src) intact++;
+        }
+      });
+    }
+    for (std::thread& thread : threads) thread.join();
+    EXPECT_EQ(intact.load(), kThreads * 5) << size << "-byte copies";
   }
-  for (std::thread& thread : threads) thread.join();
-  EXPECT_EQ(intact.load(), kThreads * 5);
 }
 
 /* ---- Process exit ------------------------------------------------------ */
