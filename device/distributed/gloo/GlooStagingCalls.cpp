@@ -139,6 +139,8 @@ GlooStagingCommunicator::GlooStagingCommunicator(GlooStagingConfig config)
   // data_ and control_ hold the only references: breaking the communicator
   // must destroy the backends to close their connections.
   TORCH_CHECK(data_ && control_, "the Gloo staging communicator needs two CPU backends");
+  // A new thread's state is the clean one.
+  std::thread([this] { clean_state_ = std::make_unique<at::ThreadLocalState>(); }).join();
   thread_ = std::thread([this] { serve(); });
 }
 
@@ -556,6 +558,7 @@ void GlooStagingCommunicator::submitPending() {
 }
 
 void GlooStagingCommunicator::startAgreement(Job& job) {
+  const at::ThreadLocalStateGuard clean(*clean_state_);  // see clean_state_
   const auto backend = control();
   bool collective = false;
   for (size_t i = 0; i < job.calls.size(); ++i) {

@@ -33,6 +33,8 @@
 
 #include <phantom/gloo_staging/GlooStaging.h>
 
+#include <ATen/ThreadLocalState.h>
+
 #include <condition_variable>
 #include <deque>
 #include <memory>
@@ -105,6 +107,15 @@ class GlooStagingCommunicator final : public ccl::Communicator {
   c10::intrusive_ptr<c10d::Backend> data_;
   c10::intrusive_ptr<c10d::Backend> control_;
   PeerDiagnosis diagnosis_;
+
+  // A thread-local state with nothing of the caller's in it (no Python
+  // dispatch or function modes, no saved-tensor hooks): the agreement's Gloo
+  // calls, made on the calling thread, run under it. A Gloo work keeps the
+  // thread-local state it was made under until it is destroyed, and the job
+  // holding it is destroyed by the stream's worker; a Python object in that
+  // state would make the worker take the GIL, which a caller waiting for the
+  // stream (a DTensor op) holds.
+  std::unique_ptr<const at::ThreadLocalState> clean_state_;
 
   // The calling thread's state (callers are serialised).
   int group_depth_ = 0;
