@@ -123,16 +123,22 @@ void checkReducible(const ccl::Communicator& communicator, c10::ScalarType dtype
               ": cannot reduce ", dtype, " with ", ccl::reduceOpName(op), advice);
 }
 
-// A flat collective's tensors: `big` holds `small`'s elements once per rank
-// (all_gather_into_tensor's output, reduce_scatter_tensor's input).
-void checkFlatPair(const at::Tensor& output, const at::Tensor& input,
-                   bool output_is_big, int size, const char* name) {
+// An output and an input of one dtype on one device.
+void checkPair(const at::Tensor& output, const at::Tensor& input,
+               const char* name) {
   checkTensor(input, name, "the input");
   checkTensor(output, name, "the output");
   checkSameDevice(output, input, name);
   TORCH_CHECK(output.scalar_type() == input.scalar_type(), "pccl ", name,
               ": the output is ", output.scalar_type(), " but the input is ",
               input.scalar_type());
+}
+
+// A flat collective's tensors: `big` holds `small`'s elements once per rank
+// (all_gather_into_tensor's output, reduce_scatter_tensor's input).
+void checkFlatPair(const at::Tensor& output, const at::Tensor& input,
+                   bool output_is_big, int size, const char* name) {
+  checkPair(output, input, name);
   const at::Tensor& big = output_is_big ? output : input;
   const at::Tensor& small = output_is_big ? input : output;
   TORCH_CHECK(big.numel() == small.numel() * size, "pccl ", name, ": ",
@@ -452,12 +458,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPhantom::alltoall_base(
     at::Tensor& output, at::Tensor& input, std::vector<int64_t>& output_split_sizes,
     std::vector<int64_t>& input_split_sizes, const c10d::AllToAllOptions&) {
   constexpr const char* name = "all_to_all_single";
-  checkTensor(input, name, "the input");
-  checkTensor(output, name, "the output");
-  checkSameDevice(output, input, name);
-  TORCH_CHECK(output.scalar_type() == input.scalar_type(), "pccl ", name,
-              ": the output is ", output.scalar_type(), " but the input is ",
-              input.scalar_type());
+  checkPair(output, input, name);
   const std::vector<int64_t> send_counts =
       splitCounts(input, input_split_sizes, size_, "input");
   const std::vector<int64_t> recv_counts =
