@@ -179,8 +179,9 @@ struct KernelArgument {
 };
 
 // True when the Meta kernel the dispatcher would run for `op` is a C++
-// one. Python registrations show their .py file in the computed table.
-// Decided once per op.
+// one. Python registrations show their .py file in the computed table, or
+// a pseudo-file in angle brackets for code without one (`python -c`'s
+// <string>, a notebook cell's <ipython-input-...>). Decided once per op.
 bool hasNativeMetaKernel(const c10::OperatorHandle& op) {
   static std::mutex mutex;
   static auto* known = new std::unordered_map<c10::OperatorHandle, bool>();
@@ -196,6 +197,7 @@ bool hasNativeMetaKernel(const c10::OperatorHandle& op) {
     const size_t end = table.find('\n', line + 1);
     const std::string entry = table.substr(line + 1, end - line - 1);
     native = entry.find(".py") == std::string::npos &&
+             entry.find("registered at <") == std::string::npos &&
              entry.find("fallthrough") == std::string::npos;
   }
   known->emplace(op, native);
@@ -505,9 +507,12 @@ const char* runGenericAsync(const c10::OperatorHandle& op,
     }
     return nullptr;
   };
-  // An op whose output shapes cannot depend on the data goes straight to
-  // the trial run (HostChecks.h); any other learns that from its Meta kernel.
-  if (signature.empty() || !shapesFollowFromArguments(op)) {
+  // An op whose output shapes are known not to depend on the data, or can
+  // be checked not to by a second trial, goes straight to the trial run
+  // (HostChecks.h); any other learns that from its Meta kernel.
+  const ShapeEvidence evidence =
+      signature.empty() ? ShapeEvidence::kMetaKernel : shapeEvidence(op);
+  if (evidence == ShapeEvidence::kMetaKernel) {
     if (const char* reason = runMeta()) {
       return reason;
     }
@@ -548,6 +553,25 @@ const char* runGenericAsync(const c10::OperatorHandle& op,
       std::string ignored;
       second.run(op, &ignored);
       cpu.warnings = warningsRaisedAgain(trial_warnings, capture.take());
+    }
+    if (usable && evidence == ShapeEvidence::kTwoTrials && !meta_ran) {
+      // The same answer on other data shows the outputs do not depend on
+      // it; a second trial that raises shows nothing, and the Meta kernel
+      // decides (its raising means: wait).
+      TrialRun other(schema, args, /*fill=*/2);
+      WarningCapture dropped;  // the first trial's are the ones delivered
+      std::string ignored;
+      Remembered other_answer;
+      if (!(other.run(op, &ignored) && other.answer(&other_answer))) {
+        if (const char* reason = runMeta()) {
+          return reason;
+        }
+      } else if (!sameAnswer(cpu, other_answer)) {
+        std::lock_guard<std::mutex> lock(memoMutex());
+        memo()[signature].state = Remembered::State::kWait;
+        return "the CPU kernel's outputs for this call signature depend on "
+               "the data (trial runs on other values gave other shapes)";
+      }
     }
     if (debugMemo() && meta_ran) {
       Remembered meta;
