@@ -26,11 +26,12 @@
 // `Tensor?` result counts as one: None or a tensor, known ahead). A Meta
 // kernel written in Python (in torch 2.13 torch/_meta_registrations.py
 // overrides the C++ Meta kernels of most core ops, and running one costs
-// ~100-300 us with the GIL, far more than the CPU kernel) is run once per
-// call signature, to learn that the outputs do not depend on the data; the
-// outputs themselves come from a trial run of the CPU kernel on the host
-// and are remembered ("Remembered outputs", below); that first call is
-// queued as well. Random ops are queued too: the device's generator is handed
+// ~100-300 us with the GIL, far more than the CPU kernel, and its first
+// call imports torch._dynamo and sympy) is not run per call: the outputs
+// come from a trial run of the CPU kernel on the host, once per call
+// signature, and are remembered (RememberedOutputs.h); that first call is
+// queued as well. The Meta kernel runs only when nothing else shows that
+// the outputs do not depend on the data (HostChecks.h, ShapeEvidence). Random ops are queued too: the device's generator is handed
 // to the CPU kernel on the worker, and PhantomGeneratorImpl::queueDraw keeps
 // the draws in the order the host called the ops (Generator.h), so phantom
 // keeps drawing the CPU's numbers.

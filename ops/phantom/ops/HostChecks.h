@@ -39,9 +39,10 @@ enum class ShapeEvidence {
   kByDefinition,
   // An aten op that ATen does not tag as data-dependent
   // (`dynamic_output_shape`, `data_dependent_output`, on the op or, for
-  // an out= overload, on its functional overload): a second trial on other
-  // data (twos) must give the same answer. If the trials disagree the
-  // signature waits; if the second trial raises, the Meta kernel decides.
+  // an out= overload, on its functional overload): a second trial on
+  // other data (twos, 2+2i in complex tensors) must give the same answer.
+  // If the trials disagree the signature waits; if the second trial
+  // raises, the Meta kernel decides.
   kTwoTrials,
   // Anything else (a tagged op, an op of another library, whose tags
   // nobody checked): the Meta kernel must run without raising.

@@ -13,8 +13,9 @@
 // dtype it refuses), or of zeros (an integer division by zero, pivots of
 // 0): a second trial then runs on ones, and if that raises too the call
 // takes the synchronous path, where the real data decides. A trial may also
-// run on another value (twos) to check that an op's outputs are the same
-// whatever the data (HostChecks.h, ShapeEvidence::kTwoTrials).
+// run on other values (twos; 2+2i in complex tensors) to check that an
+// op's outputs are the same whatever the data (HostChecks.h,
+// ShapeEvidence::kTwoTrials).
 #pragma once
 
 #include <phantom/ops/GenericPath.h>
@@ -168,9 +169,16 @@ class TrialRun {
 
   static constexpr int64_t kAlignment = 64;
 
+  // Fills `t` with `value`; from 2 up, a complex tensor's elements get an
+  // imaginary part as well (2+2i), as a complex value a kernel converts to
+  // a real type (masked_fill's) must refuse on other data than zeros.
   static void fillWith(const at::Tensor& t, int value) {
     try {
-      t.fill_(value);
+      if (value >= 2 && t.is_complex()) {
+        t.fill_(c10::Scalar(c10::complex<double>(value, value)));
+      } else {
+        t.fill_(value);
+      }
     } catch (const std::exception&) {
       // An expanded view (overlapping elements) keeps its zeros.
     }
