@@ -31,7 +31,8 @@
 // come from a trial run of the CPU kernel on the host, once per call
 // signature, and are remembered (RememberedOutputs.h); that first call is
 // queued as well. The Meta kernel runs only when nothing else shows that
-// the outputs do not depend on the data (HostChecks.h, ShapeEvidence). Random ops are queued too: the device's generator is handed
+// the outputs do not depend on the data (HostChecks.h, ShapeEvidence).
+// Random ops are queued too: the device's generator is handed
 // to the CPU kernel on the worker, and PhantomGeneratorImpl::queueDraw keeps
 // the draws in the order the host called the ops (Generator.h), so phantom
 // keeps drawing the CPU's numbers.
@@ -555,7 +556,7 @@ const char* runGenericAsync(const c10::OperatorHandle& op,
       second.run(op, &ignored);
       cpu.warnings = warningsRaisedAgain(trial_warnings, capture.take());
     }
-    if (usable && evidence == ShapeEvidence::kTwoTrials && !meta_ran) {
+    if (usable && evidence == ShapeEvidence::kTwoTrials) {
       // The same answer on other data shows the outputs do not depend on
       // it; a second trial that raises shows nothing, and the Meta kernel
       // decides (its raising means: wait).
@@ -568,20 +569,24 @@ const char* runGenericAsync(const c10::OperatorHandle& op,
           return reason;
         }
       } else if (!sameAnswer(cpu, other_answer)) {
+        if (debugMemo()) {
+          std::fprintf(stderr, "phantom: %s: trial runs on other values gave "
+                       "other outputs: the signature waits\n", schema.name().c_str());
+        }
         std::lock_guard<std::mutex> lock(memoMutex());
         memo()[signature].state = Remembered::State::kWait;
         return "the CPU kernel's outputs for this call signature depend on "
                "the data (trial runs on other values gave other shapes)";
       }
     }
-    if (debugMemo() && meta_ran) {
+    if (debugMemo() && !ran) {
+      std::fprintf(stderr, "phantom: %s: %s%s\n", schema.name().c_str(),
+                   trial->feasible() ? "the trial run raised: " : "no trial run: ",
+                   trial_error.c_str());
+    } else if (debugMemo() && meta_ran) {
       Remembered meta;
       const bool meta_ok = rememberable(mirror, args, meta_stack, &meta);
-      if (!ran) {
-        std::fprintf(stderr, "phantom: %s: %s%s\n", schema.name().c_str(),
-                     trial->feasible() ? "the trial run raised: " : "no trial run: ",
-                     trial_error.c_str());
-      } else if (!usable || !meta_ok || !sameAnswer(meta, cpu)) {
+      if (!usable || !meta_ok || !sameAnswer(meta, cpu)) {
         std::fprintf(stderr, "phantom: %s: the Meta kernel's answer is not the "
                      "CPU kernel's%s\n", schema.name().c_str(),
                      usable ? "" : " (and the CPU's cannot be queued)");
