@@ -85,8 +85,11 @@ Stream::Slot& Stream::SlotAt(uint64_t position) const {
 
 bool Stream::ClosedAndDrained() const {
   const uint64_t tail = tail_.load(std::memory_order_seq_cst);
+  // Every claimed position consumed and completed: a helper
+  // (RunQueuedUpTo) may still be running the last task it took.
   return (tail & kClosedBit) != 0 &&
-         (tail & ~kClosedBit) == head_.load(std::memory_order_seq_cst);
+         (tail & ~kClosedBit) == head_.load(std::memory_order_seq_cst) &&
+         (tail & ~kClosedBit) == completed_.load(std::memory_order_seq_cst);
 }
 
 bool Stream::NextPublished() const {

@@ -248,7 +248,8 @@ class Stream {
   // `generation` itself, if the worker is not running one (see the top
   // comment, "Waiting").
   void RunQueuedUpTo(uint64_t generation);
-  // Every claimed position consumed after Shutdown closed the queue.
+  // Every claimed position consumed and completed after Shutdown closed
+  // the queue.
   bool ClosedAndDrained() const;
   // Runs (or, on a sticky stream, skips) a task on the calling thread and
   // counts it complete; no lock is held on entry.
