@@ -118,8 +118,14 @@ bool Stream::TakeNext(Task* task, bool* ran_inline) {
   const uint64_t head = head_.load(std::memory_order_relaxed);
   Slot& slot = SlotAt(head);
   if (slot.sequence.load(std::memory_order_acquire) == head + 1) {
-    *task = std::exchange(slot.task, Task{});
-    *ran_inline = std::exchange(slot.ran_inline, false);
+    if (slot.compact) {
+      *task = Task{};
+      task->name = slot.name;
+      task->host = slot.host;
+    } else {
+      *task = std::exchange(slot.task, Task{});
+    }
+    *ran_inline = slot.ran_inline;
   } else {
     if (overflow_front_.load(std::memory_order_seq_cst) != head) return false;
     std::lock_guard<std::mutex> lock(mutex_);
@@ -298,11 +304,24 @@ bool Stream::Claim(uint64_t* position, bool only_when_idle) {
   }
 }
 
+bool Stream::Compact(const Task& task) {
+  return task.kind == TaskKind::kHostFunc && !task.run && !task.release &&
+         !task.on_complete && !task.wait && !task.runs_when_sticky &&
+         task.correlation == 0 && task.bytes == 0 &&
+         task.copy_kind == PH_MEMCPY_HOST_TO_HOST;
+}
+
 void Stream::Publish(uint64_t position, Task task, bool ran_inline) {
   Slot& slot = SlotAt(position);
   if (slot.sequence.load(std::memory_order_acquire) == position) {
     // The slot is free for this lap: the common, lock-free case.
-    slot.task = std::move(task);
+    slot.compact = Compact(task);
+    if (slot.compact) {
+      slot.name = task.name;
+      slot.host = task.host;
+    } else {
+      slot.task = std::move(task);
+    }
     slot.ran_inline = ran_inline;
     slot.sequence.store(position + 1, std::memory_order_seq_cst);
     if (worker_sleeping_.load(std::memory_order_seq_cst)) {

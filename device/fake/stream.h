@@ -209,16 +209,28 @@ class Stream {
   int priority() const { return priority_; }
 
  private:
-  struct Slot {
+  // A slot's first cache line holds everything a plain host task (a
+  // queued kernel: ph_launch_host_func, untraced) needs, and such a task
+  // is stored there alone: the launch writes one line and the consumer
+  // reads it, instead of the ~200 bytes of a Task (four closures), which
+  // moved between the host's core and the worker's on every op. Other
+  // tasks (copies, fills, event markers and waits, traced work) are kept
+  // whole in `task`.
+  struct alignas(64) Slot {
     // == position: free for that position's producer; position + 1: holds
     // its task; position + kLaunchQueueSlots: consumed, free for the next
     // lap.
     std::atomic<uint64_t> sequence{0};
-    Task task;
-    // A RunNow task that already ran on its caller: the worker only frees
-    // the slot.
+    // A RunNow task that already ran on its caller: the consumer only
+    // frees the slot.
     bool ran_inline = false;
+    bool compact = false;  // the task is `name` and `host` alone
+    const char* name = nullptr;
+    ph_host_task_t host{};
+    Task task;  // when not compact
   };
+  // Whether `task` is a plain host task that a slot's first line holds.
+  static bool Compact(const Task& task);
   struct Overflowed {
     Task task;
     bool ran_inline = false;
