@@ -168,7 +168,26 @@ void Stream::WorkerLoop() {
               NextPublished()) ||
              ClosedAndDrained();
     };
-    if (!SpinUntil(ready, kIdlePollBudget)) {
+    // While a waiting host thread holds the consumer role it may be
+    // running long kernels on its OpenMP team: poll only kSpinBudget of
+    // that, then sleep (its hand-back wakes this thread), so as not to
+    // take a core from the team.
+    std::chrono::steady_clock::time_point helper_since{};
+    bool helper_long = false;
+    const auto ready_or_helper_long = [&] {
+      if (ready()) return true;
+      if (!consumer_busy_.load(std::memory_order_relaxed)) {
+        helper_since = {};
+        return false;
+      }
+      const auto now = std::chrono::steady_clock::now();
+      if (helper_since == std::chrono::steady_clock::time_point{}) {
+        helper_since = now;
+      }
+      helper_long = now - helper_since >= kSpinBudget;
+      return helper_long;
+    };
+    if (!SpinUntil(ready_or_helper_long, kIdlePollBudget) || helper_long) {
       std::unique_lock<std::mutex> lock(mutex_);
       worker_sleeping_.store(true, std::memory_order_seq_cst);
       work_arrived_.wait(lock, ready);
