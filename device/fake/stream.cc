@@ -85,18 +85,51 @@ Stream::Slot& Stream::SlotAt(uint64_t position) const {
 
 bool Stream::ClosedAndDrained() const {
   const uint64_t tail = tail_.load(std::memory_order_seq_cst);
-  return (tail & kClosedBit) != 0 && (tail & ~kClosedBit) == head_;
+  // Every claimed position consumed and completed: a helper
+  // (RunQueuedUpTo) may still be running the last task it took.
+  return (tail & kClosedBit) != 0 &&
+         (tail & ~kClosedBit) == head_.load(std::memory_order_seq_cst) &&
+         (tail & ~kClosedBit) == completed_.load(std::memory_order_seq_cst);
+}
+
+bool Stream::NextPublished() const {
+  const uint64_t head = head_.load(std::memory_order_seq_cst);
+  return SlotAt(head).sequence.load(std::memory_order_seq_cst) == head + 1 ||
+         overflow_front_.load(std::memory_order_seq_cst) == head;
+}
+
+bool Stream::TryTakeConsumer() {
+  return !consumer_busy_.load(std::memory_order_relaxed) &&
+         !consumer_busy_.exchange(true, std::memory_order_acquire);
+}
+
+void Stream::ReleaseConsumer() {
+  consumer_busy_.store(false, std::memory_order_seq_cst);
+  // A worker that found the queue's next task taken by a helper may have
+  // gone to sleep meanwhile (its wait checks consumer_busy_ after
+  // announcing itself): it must see the rest of the queue.
+  if (worker_sleeping_.load(std::memory_order_seq_cst)) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    work_arrived_.notify_one();
+  }
 }
 
 bool Stream::TakeNext(Task* task, bool* ran_inline) {
-  Slot& slot = SlotAt(head_);
-  if (slot.sequence.load(std::memory_order_acquire) == head_ + 1) {
-    *task = std::exchange(slot.task, Task{});
-    *ran_inline = std::exchange(slot.ran_inline, false);
+  const uint64_t head = head_.load(std::memory_order_relaxed);
+  Slot& slot = SlotAt(head);
+  if (slot.sequence.load(std::memory_order_acquire) == head + 1) {
+    if (slot.compact) {
+      *task = Task{};
+      task->name = slot.name;
+      task->host = slot.host;
+    } else {
+      *task = std::exchange(slot.task, Task{});
+    }
+    *ran_inline = slot.ran_inline;
   } else {
-    if (overflow_front_.load(std::memory_order_seq_cst) != head_) return false;
+    if (overflow_front_.load(std::memory_order_seq_cst) != head) return false;
     std::lock_guard<std::mutex> lock(mutex_);
-    auto it = overflow_.begin();  // == head_: only the worker erases
+    auto it = overflow_.begin();  // == head: only the consumer erases
     *task = std::move(it->second.task);
     *ran_inline = it->second.ran_inline;
     overflow_.erase(it);
@@ -105,8 +138,8 @@ bool Stream::TakeNext(Task* task, bool* ran_inline) {
     // The slot was not used in this lap: it is free from the last one.
   }
   // Free the slot for the producer one lap later.
-  slot.sequence.store(head_ + kLaunchQueueSlots, std::memory_order_seq_cst);
-  ++head_;
+  slot.sequence.store(head + kLaunchQueueSlots, std::memory_order_seq_cst);
+  head_.store(head + 1, std::memory_order_release);
   return true;
 }
 
@@ -117,21 +150,44 @@ void Stream::WorkerLoop() {
   const std::string name = "ph-stream-d" + std::to_string(device_);
   pthread_setname_np(pthread_self(), name.substr(0, 15).c_str());
   for (;;) {
-    Task task;
-    bool ran_inline = false;
-    if (TakeNext(&task, &ran_inline)) {
-      if (!ran_inline) Execute(std::move(task));
-      continue;
+    // One task per hold of the consumer role, so that a waiting host
+    // thread can take over between two tasks (RunQueuedUpTo).
+    if (TryTakeConsumer()) {
+      Task task;
+      bool ran_inline = false;
+      const bool took = TakeNext(&task, &ran_inline);
+      if (took && !ran_inline) Execute(std::move(task));
+      consumer_busy_.store(false, std::memory_order_release);
+      if (took) continue;
     }
     if (ClosedAndDrained()) break;
-    // Poll for the next task a while before sleeping (spin_wait.h).
+    // Poll for the next task a while before sleeping (spin_wait.h); a task
+    // a helper is running is not the worker's to wait for.
     const auto ready = [&] {
-      return SlotAt(head_).sequence.load(std::memory_order_seq_cst) ==
-                 head_ + 1 ||
-             overflow_front_.load(std::memory_order_seq_cst) == head_ ||
+      return (!consumer_busy_.load(std::memory_order_seq_cst) &&
+              NextPublished()) ||
              ClosedAndDrained();
     };
-    if (!SpinUntil(ready, kIdlePollBudget)) {
+    // While a waiting host thread holds the consumer role it may be
+    // running long kernels on its OpenMP team: poll only kSpinBudget of
+    // that, then sleep (its hand-back wakes this thread), so as not to
+    // take a core from the team.
+    std::chrono::steady_clock::time_point helper_since{};
+    bool helper_long = false;
+    const auto ready_or_helper_long = [&] {
+      if (ready()) return true;
+      if (!consumer_busy_.load(std::memory_order_relaxed)) {
+        helper_since = {};
+        return false;
+      }
+      const auto now = std::chrono::steady_clock::now();
+      if (helper_since == std::chrono::steady_clock::time_point{}) {
+        helper_since = now;
+      }
+      helper_long = now - helper_since >= kSpinBudget;
+      return helper_long;
+    };
+    if (!SpinUntil(ready_or_helper_long, kIdlePollBudget) || helper_long) {
       std::unique_lock<std::mutex> lock(mutex_);
       worker_sleeping_.store(true, std::memory_order_seq_cst);
       work_arrived_.wait(lock, ready);
@@ -267,11 +323,24 @@ bool Stream::Claim(uint64_t* position, bool only_when_idle) {
   }
 }
 
+bool Stream::Compact(const Task& task) {
+  return task.kind == TaskKind::kHostFunc && !task.run && !task.release &&
+         !task.on_complete && !task.wait && !task.runs_when_sticky &&
+         task.correlation == 0 && task.bytes == 0 &&
+         task.copy_kind == PH_MEMCPY_HOST_TO_HOST;
+}
+
 void Stream::Publish(uint64_t position, Task task, bool ran_inline) {
   Slot& slot = SlotAt(position);
   if (slot.sequence.load(std::memory_order_acquire) == position) {
     // The slot is free for this lap: the common, lock-free case.
-    slot.task = std::move(task);
+    slot.compact = Compact(task);
+    if (slot.compact) {
+      slot.name = task.name;
+      slot.host = task.host;
+    } else {
+      slot.task = std::move(task);
+    }
     slot.ran_inline = ran_inline;
     slot.sequence.store(position + 1, std::memory_order_seq_cst);
     if (worker_sleeping_.load(std::memory_order_seq_cst)) {
@@ -380,7 +449,10 @@ void Stream::WaitLocked(std::unique_lock<std::mutex>& lock,
   // before returning, so whatever the task's completion did under it
   // (sticky status, on_complete) is visible to the caller.
   lock.unlock();
+  const bool may_run = t_current_stream == nullptr;
   const bool done = SpinUntil([&] {
+    if (completed_.load(std::memory_order_acquire) >= generation) return true;
+    if (may_run) RunQueuedUpTo(generation);
     return completed_.load(std::memory_order_acquire) >= generation;
   });
   lock.lock();
@@ -392,6 +464,21 @@ void Stream::WaitLocked(std::unique_lock<std::mutex>& lock,
   });
   wait_targets_.erase(target);
   waiters_.fetch_sub(1, std::memory_order_relaxed);
+}
+
+void Stream::RunQueuedUpTo(uint64_t generation) {
+  if (!NextPublished() || !TryTakeConsumer()) return;
+  Stream* const caller_stream = t_current_stream;
+  t_current_stream = this;
+  Task task;
+  bool ran_inline = false;
+  while (head_.load(std::memory_order_relaxed) < generation &&
+         TakeNext(&task, &ran_inline)) {
+    if (!ran_inline) Execute(std::move(task));
+    task = Task{};
+  }
+  t_current_stream = caller_stream;
+  ReleaseConsumer();
 }
 
 ph_status_t Stream::Synchronize() {

@@ -70,6 +70,19 @@
 // blocking, and an idle worker polls its next slot before sleeping
 // (spin_wait.h): a thread hand-off through the kernel costs tens of
 // microseconds, many times a small op.
+// A waiting host thread also runs the queue itself: taking the next task
+// is a role (consumer_busy_), which the worker takes for one task at a
+// time and a host thread waiting for the stream (Synchronize,
+// WaitForGeneration, RunNow on a busy stream) takes while polling, to run
+// the published tasks up to the one it waits for, as the stream's work
+// (t_current_stream), then hands back. The queue stays in order and each
+// task runs once, on whichever thread holds the role; a task the worker is
+// running is waited for, never taken over. This removes the hand-off when
+// the worker is not on a core: on a loaded machine a worker preempted
+// while it polled its queue cost a waiter its whole time slice (ms), and
+// the waiter's own polling took the core it needed. Work running on a
+// stream's worker (a device task that waits) only waits: it never runs
+// another stream's queue.
 #ifndef PHANTOM_FAKE_STREAM_H_
 #define PHANTOM_FAKE_STREAM_H_
 
@@ -196,16 +209,28 @@ class Stream {
   int priority() const { return priority_; }
 
  private:
-  struct Slot {
+  // A slot's first cache line holds everything a plain host task (a
+  // queued kernel: ph_launch_host_func, untraced) needs, and such a task
+  // is stored there alone: the launch writes one line and the consumer
+  // reads it, instead of the ~200 bytes of a Task (four closures), which
+  // moved between the host's core and the worker's on every op. Other
+  // tasks (copies, fills, event markers and waits, traced work) are kept
+  // whole in `task`.
+  struct alignas(64) Slot {
     // == position: free for that position's producer; position + 1: holds
     // its task; position + kLaunchQueueSlots: consumed, free for the next
     // lap.
     std::atomic<uint64_t> sequence{0};
-    Task task;
-    // A RunNow task that already ran on its caller: the worker only frees
-    // the slot.
+    // A RunNow task that already ran on its caller: the consumer only
+    // frees the slot.
     bool ran_inline = false;
+    bool compact = false;  // the task is `name` and `host` alone
+    const char* name = nullptr;
+    ph_host_task_t host{};
+    Task task;  // when not compact
   };
+  // Whether `task` is a plain host task that a slot's first line holds.
+  static bool Compact(const Task& task);
   struct Overflowed {
     Task task;
     bool ran_inline = false;
@@ -221,9 +246,22 @@ class Stream {
   // overflow) and wakes a sleeping worker.
   void Publish(uint64_t position, Task task, bool ran_inline);
   // Takes the task at head_ if it has been published (without the lock
-  // when it is in the ring); false if not yet.
+  // when it is in the ring); false if not yet. Only the holder of the
+  // consumer role (TryTakeConsumer) calls it.
   bool TakeNext(Task* task, bool* ran_inline);
-  // Every claimed position consumed after Shutdown closed the queue.
+  // Whether the task at head_ has been published.
+  bool NextPublished() const;
+  // The consumer role: whoever holds it takes and runs the queue's tasks,
+  // one at a time, in order (the worker, or a waiting host thread).
+  bool TryTakeConsumer();
+  // Gives the role back from a helper, waking the worker if it sleeps.
+  void ReleaseConsumer();
+  // A waiting host thread runs the queued tasks up to position
+  // `generation` itself, if the worker is not running one (see the top
+  // comment, "Waiting").
+  void RunQueuedUpTo(uint64_t generation);
+  // Every claimed position consumed and completed after Shutdown closed
+  // the queue.
   bool ClosedAndDrained() const;
   // Runs (or, on a sticky stream, skips) a task on the calling thread and
   // counts it complete; no lock is held on entry.
@@ -255,7 +293,8 @@ class Stream {
   // Written by the worker (or a RunNow caller) per task: tasks counted
   // complete, and the next position to consume (the worker's own).
   alignas(64) std::atomic<uint64_t> completed_{0};
-  uint64_t head_ = 0;
+  std::atomic<uint64_t> head_{0};  // written by the consumer-role holder
+  std::atomic<bool> consumer_busy_{false};  // the consumer role is held
   // Read on every launch or task, written only on uncommon paths.
   // Who sleeps on the mutex's condition variables (see the top comment).
   alignas(64) std::atomic<bool> worker_sleeping_{false};

@@ -6,6 +6,7 @@
 #include <phantom/Launch.h>
 
 #include <ATen/Parallel.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
 
 #include <atomic>
@@ -66,6 +67,12 @@ struct AsyncWork {
   static ph_status_t run(void* self, char* error, size_t error_size) {
     auto* state = static_cast<AsyncWork*>(self);
     try {
+      // The dispatch state of a fresh thread, as on the stream's worker:
+      // the driver may run queued work on a host thread that waits for it
+      // (the fake does), whose autocast, Python modes or functorch layers
+      // must not apply to the kernel's CPU ops.
+      const c10::impl::ForceDispatchKeyGuard fresh_dispatch_state(
+          c10::default_included_set, c10::default_excluded_set);
       DeviceWorkScope scope(state->stream);
       useThreadCount(state->threads);
       state->work();

@@ -1,5 +1,6 @@
 // Tests of the fake driver's work machinery, below what hal.h promises:
-// waited work run on the caller, the launch queue's overflow, the copy
+// waited work run on the caller, queued work run by a waiting host
+// thread, the launch queue's overflow, the copy
 // channels, the activity meters, process exit with live streams, and how a
 // failure travels along events (its messages, and random graphs run from
 // several threads, which the TSan build checks for races). Links the
@@ -46,9 +47,10 @@ ph_status_t RecordThread(void* user_data, char*, size_t) {
 }
 
 // The fake's promise behind ph_run_host_func's speed: on an idle stream the
-// task runs on the calling thread (no hand-off); on a busy one, on the
-// stream's worker after the queued work.
-TEST(RunHostFunc, RunsOnTheCallerWhenIdleAndOnTheWorkerWhenBusy) {
+// task runs on the calling thread (no hand-off); on a busy one, after the
+// queued work (on the worker, or on the caller once it may take the queue:
+// Waiters below).
+TEST(RunHostFunc, RunsOnTheCallerWhenIdleAndAfterTheQueuedWorkWhenBusy) {
   ph_stream_t stream = nullptr;
   ASSERT_EQ(ph_stream_create(0, 0, &stream), PH_SUCCESS);
   ThreadProbe idle;
@@ -56,27 +58,36 @@ TEST(RunHostFunc, RunsOnTheCallerWhenIdleAndOnTheWorkerWhenBusy) {
   ASSERT_EQ(ph_run_host_func(stream, &on_idle), PH_SUCCESS);
   EXPECT_EQ(idle.ran_on, std::this_thread::get_id());
 
-  std::atomic<bool> release_gate{false};
-  ph_host_task_t gate = {};
-  gate.name = "gate";
-  gate.user_data = &release_gate;
-  gate.run = [](void* flag, char*, size_t) {
-    while (!static_cast<std::atomic<bool>*>(flag)->load()) {
-      std::this_thread::yield();
-    }
+  struct Gate {
+    std::atomic<bool> open{false};
+    std::atomic<bool> finished{false};
+    bool finished_before_busy = false;
+  } gate;
+  ph_host_task_t gate_task = {};
+  gate_task.name = "gate";
+  gate_task.user_data = &gate;
+  gate_task.run = [](void* data, char*, size_t) {
+    auto* g = static_cast<Gate*>(data);
+    while (!g->open.load()) std::this_thread::yield();
+    g->finished = true;
     return PH_SUCCESS;
   };
-  ASSERT_EQ(ph_launch_host_func(stream, &gate), PH_SUCCESS);
+  ASSERT_EQ(ph_launch_host_func(stream, &gate_task), PH_SUCCESS);
   std::thread opener([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    release_gate = true;
+    gate.open = true;
   });
-  ThreadProbe busy;
-  const ph_host_task_t on_busy = {"busy", RecordThread, nullptr, &busy};
+  ph_host_task_t on_busy = {};
+  on_busy.name = "busy";
+  on_busy.user_data = &gate;
+  on_busy.run = [](void* data, char*, size_t) {
+    auto* g = static_cast<Gate*>(data);
+    g->finished_before_busy = g->finished.load();
+    return PH_SUCCESS;
+  };
   ASSERT_EQ(ph_run_host_func(stream, &on_busy), PH_SUCCESS);
+  EXPECT_TRUE(gate.finished_before_busy);
   opener.join();
-  EXPECT_NE(busy.ran_on, std::this_thread::get_id());
-  EXPECT_NE(busy.ran_on, std::thread::id());
   EXPECT_EQ(ph_stream_destroy(stream), PH_SUCCESS);
 }
 
@@ -192,6 +203,155 @@ TEST(LaunchQueue, WorkMayQueueMoreThanTheRingHoldsOntoItsOwnStream) {
   EXPECT_EQ(outcome.accepted, kTasks);
   EXPECT_EQ(outcome.probe.next.load(), kTasks);
   EXPECT_EQ(outcome.probe.out_of_order.load(), 0);
+  EXPECT_EQ(ph_stream_destroy(stream), PH_SUCCESS);
+}
+
+/* ---- Waiters run queued work ------------------------------------------ */
+
+// A task for a Stream used directly: records where and in which order it
+// ran, and fails with a sentence when asked to.
+struct Probe {
+  std::vector<int> order;
+  std::vector<std::thread::id> threads;
+  int released = 0;
+};
+
+Task ProbeTask(Probe* probe, int index, bool fails = false) {
+  Task task;
+  task.name = fails ? "failing probe" : "probe";
+  task.run = [probe, index, fails](char* error, size_t error_size) {
+    probe->order.push_back(index);
+    probe->threads.push_back(std::this_thread::get_id());
+    if (!fails) return PH_SUCCESS;
+    std::snprintf(error, error_size, "probe %d failed", index);
+    return PH_ERROR_DEVICE;
+  };
+  task.release = [probe] { probe->released++; };
+  return task;
+}
+
+// A host thread that waits runs the queued work itself when the worker is
+// not running it (here there is no worker at all: the stream is never
+// started), in order, each task once, as the stream's work.
+TEST(Waiters, AWaitingHostThreadRunsTheQueuedWorkInOrder) {
+  Stream stream(0, 0);  // not started: nothing but the waiter runs work
+  Probe probe;
+  uint64_t generation = 0;
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_PH_OK(stream.Enqueue(ProbeTask(&probe, i), true, &generation));
+  }
+  EXPECT_EQ(stream.Query(), PH_NOT_READY);
+  stream.WaitForGeneration(3);  // the first three only
+  EXPECT_EQ(probe.order, (std::vector<int>{0, 1, 2}));
+  ASSERT_PH_OK(stream.Synchronize());
+  EXPECT_EQ(probe.order, (std::vector<int>{0, 1, 2, 3, 4}));
+  EXPECT_EQ(probe.released, 5);
+  for (const std::thread::id ran_on : probe.threads) {
+    EXPECT_EQ(ran_on, std::this_thread::get_id());
+  }
+  EXPECT_EQ(stream.Query(), PH_SUCCESS);
+  stream.Shutdown();
+}
+
+// Work the waiter ran that failed is reported at that wait and after, as
+// the worker's failures are: the stream is sticky, later work is released
+// without running, and event markers still complete.
+TEST(Waiters, AFailureInWorkTheWaiterRanIsStickyAtTheWait) {
+  Stream stream(0, 0);
+  Probe probe;
+  uint64_t generation = 0;
+  ASSERT_PH_OK(stream.Enqueue(ProbeTask(&probe, 0), true, &generation));
+  ASSERT_PH_OK(stream.Enqueue(ProbeTask(&probe, 1, /*fails=*/true), true,
+                              &generation));
+  ASSERT_PH_OK(stream.Enqueue(ProbeTask(&probe, 2), true, &generation));
+  bool marker_completed = false;
+  Task marker;
+  marker.kind = TaskKind::kEventMarker;
+  marker.runs_when_sticky = true;
+  marker.on_complete = [&](ph_status_t failure, const std::string& origin) {
+    marker_completed = true;
+    EXPECT_EQ(failure, PH_ERROR_DEVICE);
+    EXPECT_NE(origin.find("probe 1 failed"), std::string::npos) << origin;
+  };
+  ASSERT_PH_OK(stream.Enqueue(std::move(marker), false, &generation));
+  EXPECT_EQ(stream.Synchronize(), PH_ERROR_DEVICE);
+  const std::string message = ph_last_error_message();
+  EXPECT_NE(message.find("work 'failing probe' failed on phantom device 0: "
+                         "probe 1 failed"),
+            std::string::npos)
+      << message;
+  EXPECT_EQ(probe.order, (std::vector<int>{0, 1}));  // 2 was skipped
+  EXPECT_EQ(probe.released, 3);
+  EXPECT_TRUE(marker_completed);
+  EXPECT_EQ(stream.Query(), PH_ERROR_DEVICE);
+  Task refused = ProbeTask(&probe, 3);
+  EXPECT_EQ(stream.Enqueue(std::move(refused), true, &generation),
+            PH_ERROR_DEVICE);
+  stream.Shutdown();
+}
+
+// A task that takes long on the worker is not taken over or run twice: the
+// wait returns only once it has finished, and the work queued behind it
+// then runs once, in order (on the worker or the waiter).
+TEST(Waiters, AWaitForAStreamBusyOnALongTaskReturnsAfterIt) {
+  ph_stream_t stream = nullptr;
+  ASSERT_PH_OK(ph_stream_create(0, 0, &stream));
+  struct Gate {
+    std::atomic<bool> open{false};
+    std::atomic<bool> finished{false};
+  } gate;
+  ph_host_task_t long_task = {};
+  long_task.name = "long";
+  long_task.user_data = &gate;
+  long_task.run = [](void* data, char*, size_t) {
+    auto* g = static_cast<Gate*>(data);
+    while (!g->open.load()) std::this_thread::yield();
+    g->finished = true;
+    return PH_SUCCESS;
+  };
+  ASSERT_PH_OK(ph_launch_host_func(stream, &long_task));
+  OrderProbe probe;
+  for (int i = 0; i < 8; ++i) {
+    const ph_host_task_t task = Ordered(&probe, i);
+    ASSERT_PH_OK(ph_launch_host_func(stream, &task));
+  }
+  std::thread opener([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    gate.open = true;
+  });
+  ASSERT_PH_OK(ph_stream_synchronize(stream));
+  EXPECT_TRUE(gate.finished.load());
+  EXPECT_EQ(probe.next.load(), 8);
+  EXPECT_EQ(probe.out_of_order.load(), 0);
+  opener.join();
+  EXPECT_EQ(ph_stream_destroy(stream), PH_SUCCESS);
+}
+
+// Several host threads launching and waiting on one stream at once (the
+// waiters and the worker taking turns at the queue): every task runs
+// exactly once, and each thread's tasks in the order it launched them.
+TEST(Waiters, ThreadsThatLaunchAndWaitTogetherRunEveryTaskOnceInOrder) {
+  constexpr int kThreads = 3;
+  constexpr int kRounds = 300;
+  ph_stream_t stream = nullptr;
+  ASSERT_PH_OK(ph_stream_create(0, 0, &stream));
+  OrderProbe probes[kThreads];
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kRounds; ++i) {
+        const ph_host_task_t task = Ordered(&probes[t], i);
+        ASSERT_PH_OK(ph_launch_host_func(stream, &task));
+        if (i % 3 == 0) ASSERT_PH_OK(ph_stream_synchronize(stream));
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  ASSERT_PH_OK(ph_stream_synchronize(stream));
+  for (const OrderProbe& probe : probes) {
+    EXPECT_EQ(probe.next.load(), kRounds);
+    EXPECT_EQ(probe.out_of_order.load(), 0);
+  }
   EXPECT_EQ(ph_stream_destroy(stream), PH_SUCCESS);
 }
 

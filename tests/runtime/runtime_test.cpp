@@ -242,6 +242,10 @@ TEST(Launch, FinishedClosuresAreDestroyedOnTheHostBySynchronize) {
                        [witness = std::make_shared<Witness>(&first), &ran_on] {
                          ran_on = std::this_thread::get_id();
                        });
+  // Polled first: a synchronize may run queued work on the waiting thread
+  // (the fake's waiters run the queue), and this checks where the closure
+  // is destroyed when the work ran on the worker.
+  while (!stream.query()) std::this_thread::yield();
   stream.synchronize();
   EXPECT_TRUE(first.happened) << "synchronize left the finished closure alive";
   EXPECT_EQ(first.on, std::this_thread::get_id());
