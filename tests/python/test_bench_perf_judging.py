@@ -1,4 +1,4 @@
-"""The performance suite's judging and publishing rules (bench/bench_perf.py,
+"""The performance suite's judging and publishing rules (bench/perf_judging.py,
 bench/plot_perf.py): which ratio each target judges, that context rows are
 shown but not judged, and that the published result names its commit and
 is not written from uncommitted code unless marked +dirty."""
