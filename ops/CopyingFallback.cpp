@@ -505,7 +505,11 @@ bool worksWithoutKernelView(const c10::OperatorName& name) {
       "aten::_copy_from", "aten::_has_compatible_shallow_copy_type",
       "aten::record_stream",
       // Scalars.cpp: the driver's memset, or this fallback.
-      "aten::fill_.Scalar", "aten::fill_.Tensor", "aten::zero_"};
+      "aten::fill_.Scalar", "aten::fill_.Tensor", "aten::zero_",
+      // NestedTensors.cpp: ATen ops on the nested tensor's buffer.
+      "aten::_nested_from_padded", "aten::_nested_view_from_buffer",
+      "aten::_nested_tensor_from_mask",
+      "aten::_nested_tensor_from_mask_left_aligned"};
   const std::string full =
       name.overload_name.empty() ? name.name
                                  : name.name + "." + name.overload_name;

@@ -3,13 +3,14 @@
 
 - Jagged nested tensors (`layout=torch.jagged`) work: they are a Python
   subclass over dense tensors.
-- Strided nested tensors and quantized tensors are not supported on
-  phantom in torch 2.13: both need kernels registered for their own
-  dispatch keys (NestedTensorPrivateUse1, QuantizedPrivateUse1), and ATen
-  registers its implementations for the CPU and CUDA keys only (the
-  generic path's boxed fallback is for the PrivateUse1 key). The tests
-  pin the exact error a user sees, at the call, and that the process goes
-  on; what to do instead is in the docs.
+- Strided nested tensors work through ATen's device-generic nested
+  kernels (test_nested_strided.py).
+- Quantized tensors are not supported on phantom in torch 2.13: they need
+  kernels registered for their own dispatch key (QuantizedPrivateUse1),
+  and ATen registers its implementations for the CPU and CUDA keys only
+  (the generic path's boxed fallback is for the PrivateUse1 key). The
+  tests pin the exact error a user sees, at the call, and that the
+  process goes on; what to do instead is in the docs.
 - float8 (e4m3fn, e5m2 and the fnuz variants): casts, copies and the ops
   the CPU computes in float8 work; the ops the CPU refuses in float8 are
   refused at the call with the CPU's error (the native kernels decline
@@ -48,26 +49,6 @@ def quiet():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the prototype-API warning of strided nested tensors
         yield
-
-
-def test_strided_nested_tensor_ops_are_refused_at_the_call(quiet):
-    """A strided nested tensor can be made on phantom, but no op runs on
-    it: ATen registers its NestedTensor kernels for the CPU and CUDA keys
-    only, so every op finds nothing for NestedTensorPrivateUse1."""
-    nt = torch.nested.nested_tensor(_components(), device="phantom")
-    assert nt.is_nested and nt.device.type == "phantom"
-    with pytest.raises(NotImplementedError,
-                       match="Could not run 'aten::add.Tensor' with arguments from the "
-                             "'NestedTensorphantom' backend"):
-        nt + nt
-    with pytest.raises(NotImplementedError, match="'aten::unbind.int' .* 'NestedTensorphantom'"):
-        nt.unbind()
-    with pytest.raises(NotImplementedError,
-                       match="Could not run 'aten::_to_copy' with arguments from the "
-                             "'NestedTensorphantom' backend"):
-        torch.nested.nested_tensor(_components()).to("phantom")
-    P.synchronize()
-    assert torch.ones(2, device="phantom").sum().item() == 2.0
 
 
 def test_quantized_tensors_are_refused_at_the_call():
