@@ -4,13 +4,18 @@
 //
 // Memory: capture_begin makes the capturing stream's allocations come from
 // the graph's pool (PrivatePool.cpp) until capture_end; reset() gives the
-// pool back. Work a capture cannot record (an op that must wait for its
+// pool back. The pinned host allocator is told the same, through the pool
+// hooks of torch's caching host allocator: pinned blocks allocated while
+// the capture's streams are current come from the graph's host pool, and
+// one the captured work used is never handed out again (its replays read
+// it), until reset() releases the pool. Work a capture cannot record (an op that must wait for its
 // result, a synchronize) is refused by the driver with
 // PH_ERROR_STREAM_CAPTURE_UNSUPPORTED, raised at the op; the capture is
 // then invalidated, and capture_end raises and leaves the graph empty, so
 // the program can capture again.
 #include <phantom/Exception.h>
 #include <phantom/Graph.h>
+#include <phantom/HostAllocator.h>
 #include <phantom/DeviceWork.h>
 #include <phantom/Stream.h>
 
@@ -18,7 +23,9 @@
 #include <c10/core/DeviceType.h>
 #include <c10/util/Exception.h>
 
+#include <atomic>
 #include <cstdio>
+#include <memory>
 #include <string>
 
 namespace phantom {
@@ -33,6 +40,22 @@ ph_capture_mode_t halMode(at::GraphCaptureMode mode) {
     default:  // Default and Global: CUDA's default is global
       return PH_CAPTURE_MODE_GLOBAL;
   }
+}
+
+// The capture id of `stream` if it is capturing, else 0.
+uint64_t captureIdOf(const c10::Stream& stream) noexcept {
+  try {
+    ph_capture_status_t status = PH_CAPTURE_STATUS_NONE;
+    uint64_t id = 0;
+    if (ph_stream_get_capture_info(PhantomStream(stream).handle(), &status,
+                                   &id) == PH_SUCCESS &&
+        status != PH_CAPTURE_STATUS_NONE) {
+      return id;
+    }
+  } catch (...) {
+    // Not a phantom stream: not part of any capture.
+  }
+  return 0;
 }
 
 class PhantomGraphImpl final : public at::GraphImplInterface {
@@ -60,9 +83,22 @@ class PhantomGraphImpl final : public at::GraphImplInterface {
     stream_ = stream;
     handle_ = stream.handle();
     graphPoolBeginCapture(pool_, stream.device_index(), stream.id());
+    // Pinned blocks allocated while the capturing stream, or a stream that
+    // joined the capture, is current: the capture id is known once the
+    // capture has begun, so the filter reads it then.
+    capture_id_ = std::make_shared<std::atomic<uint64_t>>(0);
+    phantomHostAllocator()->begin_allocate_to_pool(
+        pool_, [stream, capture_id = capture_id_](c10::Stream current) {
+          if (current == stream.unwrap()) return true;
+          const uint64_t ours = capture_id->load(std::memory_order_relaxed);
+          return ours != 0 && captureIdOf(current) == ours;
+        });
+    host_pool_held_ = true;
     const ph_status_t status = ph_stream_begin_capture(handle_, halMode(mode));
     if (status != PH_SUCCESS) {
       graphPoolEndCapture(stream.device_index(), stream.id());
+      endHostPoolCapture();
+      releaseHostPool();
       privatePoolRelease(pool_);
       TORCH_CHECK_NOT_IMPLEMENTED(
           status != PH_ERROR_UNIMPLEMENTED,
@@ -78,6 +114,7 @@ class PhantomGraphImpl final : public at::GraphImplInterface {
     if (ph_stream_get_capture_info(handle_, &capture_status, &capture_id) ==
         PH_SUCCESS) {
       graphPoolBindCaptureId(stream.device_index(), stream.id(), capture_id);
+      capture_id_->store(capture_id, std::memory_order_relaxed);
     }
   }
 
@@ -93,12 +130,14 @@ class PhantomGraphImpl final : public at::GraphImplInterface {
     ph_graph_t graph = nullptr;
     const ph_status_t status = ph_stream_end_capture(handle_, &graph);
     graphPoolEndCapture(stream_.device_index(), stream_.id());
+    endHostPoolCapture();
     capturing_ = false;
     if (status != PH_SUCCESS) {
       // The capture gave nothing: release its memory so the program can
       // go on (and capture again after reset()).
       const std::string message = ph_last_error_message();
       hostExecHooks().release_finished_work();
+      releaseHostPool();
       privatePoolRelease(pool_);
       pool_ = {0, 0};
       TORCH_CHECK(false, c10::get_privateuse1_backend(),
@@ -143,6 +182,7 @@ class PhantomGraphImpl final : public at::GraphImplInterface {
       (void)ph_stream_end_capture(handle_, &graph);
       if (graph != nullptr) (void)ph_graph_destroy(graph);
       graphPoolEndCapture(stream_.device_index(), stream_.id());
+      endHostPoolCapture();
       capturing_ = false;
     }
     const bool had_pool = pool_.first != 0 || pool_.second != 0;
@@ -155,6 +195,7 @@ class PhantomGraphImpl final : public at::GraphImplInterface {
     exec_ = nullptr;
     graph_ = nullptr;
     hostExecHooks().release_finished_work();  // the recorded work's tensors die now
+    releaseHostPool();
     if (had_pool) privatePoolRelease(pool_);
     pool_ = {0, 0};
   }
@@ -175,6 +216,21 @@ class PhantomGraphImpl final : public at::GraphImplInterface {
   }
 
  private:
+  // Stops routing pinned allocations to the graph's host pool.
+  void endHostPoolCapture() {
+    if (capture_id_ == nullptr) return;
+    capture_id_ = nullptr;
+    phantomHostAllocator()->end_allocate_to_pool(pool_);
+  }
+
+  // Gives the graph's host pool back (its blocks are freed with the
+  // allocator's cache once no graph uses the pool).
+  void releaseHostPool() {
+    if (!host_pool_held_) return;
+    host_pool_held_ = false;
+    phantomHostAllocator()->release_pool(pool_);
+  }
+
   const bool keep_graph_;
   bool debug_ = false;
   bool capturing_ = false;
@@ -183,6 +239,10 @@ class PhantomGraphImpl final : public at::GraphImplInterface {
   ph_graph_t graph_ = nullptr;
   ph_graph_exec_t exec_ = nullptr;
   c10::MempoolId_t pool_{0, 0};
+  // Set from capture_begin to capture_end: the capture id the host pool's
+  // filter compares streams with.
+  std::shared_ptr<std::atomic<uint64_t>> capture_id_;
+  bool host_pool_held_ = false;
 };
 
 }  // namespace

@@ -7,6 +7,7 @@
 // and how to mark and query a point on a stream (a driver event created
 // with PH_EVENT_DISABLE_TIMING).
 #include <phantom/Exception.h>
+#include <phantom/Graph.h>
 #include <phantom/HostAllocator.h>
 #include <phantom/DeviceWork.h>
 #include <phantom/HostGuard.h>
@@ -127,8 +128,16 @@ struct PhantomHostAllocatorImpl final
     return getCurrentPhantomStream().unwrap();
   }
 
-  // Phantom has no stream capture (yet).
-  bool stream_is_capturing(c10::Stream) const override { return false; }
+  // A block allocated while its stream captures is never handed out again
+  // once used (the graph's replays read it); Graph.cpp routes such
+  // allocations to the graph's host pool.
+  bool stream_is_capturing(c10::Stream stream) const override {
+    try {
+      return isStreamCapturing(stream);
+    } catch (...) {
+      return false;  // a stream the driver no longer knows captures nothing
+    }
+  }
 
  public:
   void copy_data(void* dest, const void* src, std::size_t count)

@@ -131,6 +131,45 @@ def test_capture_memory_is_kept_until_reset():
     assert torch.phantom.mem_get_info()[0] >= free_before
 
 
+def test_pinned_memory_a_capture_used_is_not_handed_out_again():
+    """A replay reads the pinned source of a captured non_blocking copy:
+    another pinned tensor must not get its block after the source dies."""
+    dst = torch.zeros(1024, device="phantom")
+    g = torch.phantom.Graph()
+    with torch.phantom.graph(g):
+        src = torch.arange(1024.0).pin_memory()
+        used = src.data_ptr()
+        dst.copy_(src, non_blocking=True)
+        del src
+    others = [torch.full((1024,), -1.0).pin_memory() for _ in range(3)]
+    assert used not in [o.data_ptr() for o in others]
+    dst.zero_()
+    g.replay()
+    assert torch.equal(dst.cpu(), torch.arange(1024.0))
+    g.reset()
+
+
+def test_pinned_memory_outside_a_capture_still_reuses_its_cache():
+    """Only the capture's blocks are held back: eager pinned tensors keep
+    reusing the cache while a capture is underway on another stream, and
+    after it."""
+    first = torch.ones(4096).pin_memory()
+    address = first.data_ptr()
+    del first
+    again = torch.ones(4096).pin_memory()
+    assert again.data_ptr() == address
+    del again
+    g = torch.phantom.Graph()
+    x = torch.ones(4, device="phantom")
+    with torch.phantom.graph(g):
+        y = x + 1
+    after = torch.ones(4096).pin_memory()
+    assert after.data_ptr() == address
+    g.replay()
+    assert torch.equal(y.cpu(), torch.full((4,), 2.0))
+    g.reset()
+
+
 def test_graphs_share_a_pool_from_graph_pool_handle():
     handle = torch.phantom.graph_pool_handle()
     x = torch.ones(4, device="phantom")
