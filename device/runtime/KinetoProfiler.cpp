@@ -16,7 +16,14 @@
 //    a kernel named by its task (the op), copies as memcpy ("Memcpy HtoD",
 //    with bytes), fills as memset; on the row of its device (pid) and
 //    stream (tid), linked to the CPU op whose correlation id it carries,
-//    which is what gives key_averages() its device time per op.
+//    which is what gives key_averages() its device time per op;
+//  - user ranges on the device rows: torch pushes a user correlation id
+//    for each record_function range (and torch.phantom.nvtx range) while
+//    it is open; each op's correlation id is mapped to the user ranges
+//    open on its thread when it starts, and each range becomes one
+//    "gpu_user_annotation" per device stream it queued work on, from its
+//    first piece of work's start to its last one's end, named by the range
+//    and linked to it, as Kineto's CUDA side draws them from CUPTI.
 // A driver without the section: one warning in the profile's errors, and
 // the trace has host activity only.
 #include <phantom/Device.h>
@@ -29,9 +36,14 @@
 #include <libkineto.h>
 #include <output_base.h>
 
+#include <algorithm>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <string>
+#include <tuple>
+#include <unordered_map>
 #include <vector>
 
 namespace phantom {
@@ -42,6 +54,7 @@ const std::set<libkineto::ActivityType>& deviceActivityTypes() {
       libkineto::ActivityType::CONCURRENT_KERNEL,
       libkineto::ActivityType::GPU_MEMCPY,
       libkineto::ActivityType::GPU_MEMSET,
+      libkineto::ActivityType::GPU_USER_ANNOTATION,
   };
   return types;
 }
@@ -69,6 +82,10 @@ const char* copyName(ph_memcpy_kind_t kind) {
       return "Memcpy HtoH (Host -> Host)";
   }
 }
+
+// The user ranges (record_function, nvtx) open on this thread, innermost
+// last: torch pushes and pops them on the thread that opens and closes them.
+thread_local std::vector<uint64_t> t_user_ranges;
 
 class PhantomActivitySession final : public libkineto::IActivityProfilerSession {
  public:
@@ -124,6 +141,9 @@ class PhantomActivitySession final : public libkineto::IActivityProfilerSession 
                     libkineto::getLinkedActivityCallback linked_activity,
                     int64_t /*start*/, int64_t /*end*/) override {
     trace_.span = libkineto::TraceSpan(start_ns_, end_ns_, "phantom");
+    // (user range, device, stream) -> the span of its work there.
+    std::map<std::tuple<uint64_t, int, uint64_t>, std::pair<int64_t, int64_t>>
+        user_spans;
     for (const ph_activity_record_t& record : records_) {
       const libkineto::ActivityType type = activityTypeOf(record.kind);
       if (wanted_.count(type) == 0) continue;
@@ -162,6 +182,10 @@ class PhantomActivitySession final : public libkineto::IActivityProfilerSession 
       }
       logger.handleGenericActivity(activity);
       streams_.insert({record.device, record.stream_id});
+      addToUserSpans(record, activity.startTime, activity.endTime, user_spans);
+    }
+    if (wanted_.count(libkineto::ActivityType::GPU_USER_ANNOTATION) != 0) {
+      logUserSpans(logger, linked_activity, user_spans);
     }
     if (dropped_ != 0) {
       errors_.push_back("phantom: the driver's activity buffer was full; " +
@@ -192,14 +216,71 @@ class PhantomActivitySession final : public libkineto::IActivityProfilerSession 
   }
 
   void pushCorrelationId(uint64_t id) override {
-    if (tracing_) (void)ph_activity_push_correlation(id);
+    if (!tracing_) return;
+    (void)ph_activity_push_correlation(id);
+    if (!t_user_ranges.empty()) {
+      std::lock_guard<std::mutex> lock(user_ranges_mutex_);
+      user_ranges_of_op_[id] = t_user_ranges;
+    }
   }
 
   void popCorrelationId() override {
     if (tracing_) (void)ph_activity_pop_correlation();
   }
 
+  void pushUserCorrelationId(uint64_t id) override {
+    t_user_ranges.push_back(id);
+  }
+
+  void popUserCorrelationId() override {
+    if (!t_user_ranges.empty()) t_user_ranges.pop_back();
+  }
+
  private:
+  using UserSpans =
+      std::map<std::tuple<uint64_t, int, uint64_t>, std::pair<int64_t, int64_t>>;
+
+  // Widens the span of every user range open when the record's op began.
+  void addToUserSpans(const ph_activity_record_t& record, int64_t start,
+                      int64_t end, UserSpans& spans) {
+    if (record.correlation_id == 0) return;
+    std::lock_guard<std::mutex> lock(user_ranges_mutex_);
+    auto ranges = user_ranges_of_op_.find(record.correlation_id);
+    if (ranges == user_ranges_of_op_.end()) return;
+    for (uint64_t range : ranges->second) {
+      auto [it, inserted] = spans.try_emplace(
+          {range, record.device, record.stream_id}, start, end);
+      if (!inserted) {
+        it->second.first = std::min(it->second.first, start);
+        it->second.second = std::max(it->second.second, end);
+      }
+    }
+  }
+
+  void logUserSpans(libkineto::ActivityLogger& logger,
+                    const libkineto::getLinkedActivityCallback& linked_activity,
+                    const UserSpans& spans) {
+    for (const auto& [key, span] : spans) {
+      const auto& [range, device, stream] = key;
+      const libkineto::ITraceActivity* annotation =
+          linked_activity ? linked_activity(static_cast<int32_t>(range))
+                          : nullptr;
+      trace_.emplace_activity(
+          trace_.span, libkineto::ActivityType::GPU_USER_ANNOTATION,
+          annotation != nullptr ? annotation->name() : "user range");
+      auto& activity = libkineto::CpuTraceBuffer::toRef(trace_.activities.back());
+      activity.startTime = span.first;
+      activity.endTime = span.second;
+      activity.device = device;
+      activity.resource = static_cast<int32_t>(stream);
+      activity.id = static_cast<int32_t>(range);
+      activity.linked = annotation;
+      activity.addMetadata("device", device);
+      activity.addMetadata("stream", stream);
+      logger.handleGenericActivity(activity);
+    }
+  }
+
   void unsupported() {
     errors_.push_back(
         "phantom: the device driver records no device activity (its "
@@ -236,6 +317,10 @@ class PhantomActivitySession final : public libkineto::IActivityProfilerSession 
   std::set<std::pair<int, uint64_t>> streams_;  // (device, stream) seen
   std::vector<std::string> errors_;
   libkineto::CpuTraceBuffer trace_;
+  // The user ranges open when each op (by correlation id) began; only ops
+  // inside one are listed.
+  std::mutex user_ranges_mutex_;
+  std::unordered_map<uint64_t, std::vector<uint64_t>> user_ranges_of_op_;
 };
 
 class PhantomActivityProfiler final : public libkineto::IActivityProfiler {

@@ -178,3 +178,71 @@ def test_a_graph_replay_shows_each_recorded_op_linked_to_the_replay():
     relu = by_name.get("aten::relu") or by_name["aten::clamp_min"]
     assert mm[0] == replay and relu[0][0] == replay
     assert mm[1] + mm[2] <= relu[0][1]
+
+
+USER_RANGES_PROGRAM = r"""
+import json, os, tempfile
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function
+
+x = torch.randn(128, 128, device="phantom")
+side = torch.phantom.Stream()
+torch.phantom.synchronize()
+with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]) as prof:
+    before = x.sin()
+    with record_function("outer"):
+        y = torch.mm(x, x)
+        with record_function("inner"):
+            z = torch.relu(y + 1)
+        with torch.phantom.stream(side):
+            s = torch.sigmoid(x)
+    with torch.phantom.nvtx.range("my_nvtx"):
+        w = z.tanh()
+    after = x.cos()
+    torch.phantom.synchronize()
+path = os.path.join(tempfile.mkdtemp(), "trace.json")
+prof.export_chrome_trace(path)
+with open(path) as f:
+    trace = json.load(f)
+print(json.dumps({"events": [e for e in trace["traceEvents"] if e.get("ph") == "X"]}))
+"""
+
+
+@pytest.mark.requires_fake_driver(
+    "device rows come from the driver's activity trace (ph_activity_*), "
+    "which the remote driver does not offer")
+@pytest.mark.requires_kernel_view("expects kernels on the device rows")
+def test_user_ranges_appear_on_the_device_rows_spanning_their_work():
+    events = _run(USER_RANGES_PROGRAM)["events"]
+    kernels = {}
+    for e in events:
+        if e.get("cat") == "kernel":
+            kernels.setdefault(e["name"].split("::")[-1], e)
+    device_ranges = [e for e in events if e.get("cat") == "gpu_user_annotation"]
+    by_name = {}
+    for r in device_ranges:
+        by_name.setdefault(r["name"], []).append(r)
+    assert set(by_name) == {"outer", "inner", "my_nvtx"}, by_name
+
+    def covers(r, k):
+        return r["ts"] <= k["ts"] + 1e-3 and k["ts"] + k["dur"] <= r["ts"] + r["dur"] + 1e-3
+
+    # One row per stream the range queued work on, on the device's pid.
+    outer = {r["tid"]: r for r in by_name["outer"]}
+    assert kernels["sigmoid"]["tid"] != kernels["mm"]["tid"]
+    assert set(outer) == {kernels["mm"]["tid"], kernels["sigmoid"]["tid"]}
+    main_outer = outer[kernels["mm"]["tid"]]
+    assert covers(main_outer, kernels["mm"]) and covers(main_outer, kernels["relu"])
+    assert covers(outer[kernels["sigmoid"]["tid"]], kernels["sigmoid"])
+    assert not covers(main_outer, kernels["sin"]) and not covers(main_outer, kernels["cos"])
+    (inner,) = by_name["inner"]
+    assert covers(inner, kernels["relu"]) and not covers(inner, kernels["mm"])
+    (nv,) = by_name["my_nvtx"]
+    assert covers(nv, kernels["tanh"]) and not covers(nv, kernels["relu"])
+    for r in device_ranges:
+        assert r["pid"] == 0 and r["args"]["device"] == 0
+    # Linked to the CPU range of the same name.
+    cpu_ranges = {e["args"].get("External id"): e["name"] for e in events
+                  if e.get("cat") == "user_annotation"}
+    for r in device_ranges:
+        assert cpu_ranges.get(r["args"].get("External id")) == r["name"], r
