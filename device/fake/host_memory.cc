@@ -1,6 +1,7 @@
 // Pinned host memory registry; see host_memory.h.
 #include "host_memory.h"
 
+#include <pthread.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -26,14 +27,50 @@ struct PinnedRegistry {
   std::map<uintptr_t, PinnedBlock> blocks;  // base -> block
 };
 
-PinnedRegistry& Registry() {
-  static PinnedRegistry* registry = new PinnedRegistry;  // leaked at exit
-  return *registry;
-}
-
 size_t PageRounded(size_t size) {
   const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
   return (size + page - 1) / page * page;
+}
+
+PinnedRegistry* g_registry = nullptr;
+
+// fork(): a shared mapping would let a child's writes reach the parent's
+// pinned memory. The registry is held across the fork, and in the child
+// each block mapped from a memfd is replaced, at the same address, by a
+// private copy of its contents, so the child sees what a child of a
+// process with ordinary page-locked memory sees: a copy. (The copy is made
+// at the fork rather than on write.) The child has no alias: it has no
+// device.
+void LockBeforeFork() { g_registry->mutex.lock(); }
+void UnlockInParent() { g_registry->mutex.unlock(); }
+void PrivatizeInChild() {
+  for (auto& [base, block] : g_registry->blocks) {
+    if (block.alias == base) continue;  // already a private mapping
+    const size_t bytes = PageRounded(block.size);
+    void* user = reinterpret_cast<void*>(base);
+    void* copy = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (copy == MAP_FAILED) continue;  // keeps sharing rather than losing data
+    // The race detector may have protected pages of the block.
+    mprotect(user, bytes, PROT_READ | PROT_WRITE);
+    std::memcpy(copy, user, bytes);
+    if (mremap(copy, bytes, bytes, MREMAP_MAYMOVE | MREMAP_FIXED, user) ==
+        MAP_FAILED) {
+      munmap(copy, bytes);
+      continue;
+    }
+    block.alias = base;
+  }
+  g_registry->mutex.unlock();
+}
+
+PinnedRegistry& Registry() {
+  static PinnedRegistry* registry = [] {
+    g_registry = new PinnedRegistry;  // leaked at exit
+    pthread_atfork(&LockBeforeFork, &UnlockInParent, &PrivatizeInChild);
+    return g_registry;
+  }();
+  return *registry;
 }
 
 // A memfd of `bytes` mapped twice; false (and errno set) on failure.

@@ -263,6 +263,38 @@ TEST(MemoryModel, AForkedChildDoesNotInheritTheKernelView) {
   ASSERT_PH_OK(ph_free(device));
 }
 
+TEST(MemoryModel, AForkedChildGetsACopyOfPinnedMemory) {
+  constexpr size_t kSize = 3 * 4096 + 100;
+  void* pinned = nullptr;
+  ASSERT_PH_OK(ph_host_malloc(kSize, &pinned));
+  std::memset(pinned, 1, kSize);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // The child reads the parent's contents, then writes its own copy.
+    unsigned char* bytes = static_cast<unsigned char*>(pinned);
+    const bool inherited = bytes[0] == 1 && bytes[kSize - 1] == 1;
+    std::memset(pinned, 2, kSize);
+    _exit(inherited ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "the child did not see the parent's data";
+  const unsigned char* bytes = static_cast<const unsigned char*>(pinned);
+  EXPECT_EQ(bytes[0], 1) << "the child's write reached the parent's pinned memory";
+  EXPECT_EQ(bytes[kSize - 1], 1);
+  // The parent's copy engine still reaches the block through its alias.
+  void* device = nullptr;
+  ASSERT_PH_OK(ph_malloc(0, kSize, &device));
+  ASSERT_PH_OK(ph_memcpy(device, pinned, kSize, PH_MEMCPY_HOST_TO_DEVICE));
+  std::memset(pinned, 0, kSize);
+  ASSERT_PH_OK(ph_memcpy(pinned, device, kSize, PH_MEMCPY_DEVICE_TO_HOST));
+  EXPECT_EQ(bytes[kSize - 1], 1);
+  ASSERT_PH_OK(ph_free(device));
+  ASSERT_PH_OK(ph_host_free(pinned));
+}
+
 /* ---- Fault handler ----------------------------------------------------- */
 
 TEST(FaultHandlerDeathTest, HostReadOfDeviceMemoryExplainsItself) {
