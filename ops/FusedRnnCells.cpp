@@ -10,6 +10,11 @@
 //         shape (batch, 5 * hidden)
 // The backward formulas are the derivatives of the forward below.
 //
+// Without a kernel view (a driver whose memory the host cannot address)
+// the same formulas run on the calling thread over host copies of the
+// inputs, and the results are copied to the device, as the copying CPU
+// fallback runs other ops there.
+//
 // They take the gates the CPU's cells compute with (float, double, half,
 // bfloat16, complex): integer gates are refused at the call with the
 // NotImplementedError of CUDA's kernels, where the formulas would compute
@@ -18,6 +23,7 @@
 #include <phantom/Stream.h>
 #include <phantom/SyncDebug.h>
 #include <phantom/KernelAliases.h>
+#include <phantom/ops/GenericPath.h>
 
 #include <ATen/ATen.h>
 #include <c10/core/DeviceGuard.h>
@@ -32,8 +38,15 @@ bool present(const OptionalTensor& t) {
   return t.has_value() && t->defined();
 }
 
-// Runs `body` on the current stream of `device` with CPU aliases and moves
-// the CPU results it returns to the device.
+// The inputs as host copies, for a driver without a kernel view: `alias`
+// has KernelAliases' signature, so a cell's body takes either.
+struct HostCopiesOfInputs {
+  at::Tensor alias(const at::Tensor& t) const { return t.to(at::kCPU); }
+};
+
+// Runs `body` on the current stream of `device` with CPU aliases (or, with
+// no kernel view, on this thread with host copies) and moves the CPU
+// results it returns to the device.
 template <size_t N, typename Body>
 std::array<at::Tensor, N> runCell(const char* name, c10::Device device,
                                   Body&& body) {
@@ -42,6 +55,14 @@ std::array<at::Tensor, N> runCell(const char* name, c10::Device device,
   noteHostWait(name,
                "phantom computes the fused RNN cells on the host and waits "
                "for them; a device kernel would be queued");
+  if (!kernelViewAvailable()) {
+    HostCopiesOfInputs inputs;
+    const std::array<at::Tensor, N> cpu = body(inputs);
+    for (size_t i = 0; i < N; ++i) {
+      if (cpu[i].defined()) results[i] = cpu[i].to(device);
+    }
+    return results;
+  }
   launchAndWait(getCurrentPhantomStream(device.index()), name, [&] {
     KernelAliases aliases;
     const std::array<at::Tensor, N> cpu = body(aliases);
@@ -68,7 +89,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> lstmCell(
   checkGatesDtype("_thnn_fused_lstm_cell", input_gates);
   auto [hy, cy, workspace] = runCell<3>(
       "aten::_thnn_fused_lstm_cell", input_gates.device(),
-      [&](KernelAliases& a) -> std::array<at::Tensor, 3> {
+      [&](auto& a) -> std::array<at::Tensor, 3> {
         at::Tensor gates = a.alias(input_gates) + a.alias(hidden_gates);
         if (present(input_bias)) {
           gates = gates + a.alias(*input_bias);
@@ -95,7 +116,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> lstmCellBackward(
   checkGatesDtype("_thnn_fused_lstm_cell_backward_impl", workspace);
   auto [grad_gates, grad_cx, grad_bias] = runCell<3>(
       "aten::_thnn_fused_lstm_cell_backward_impl", cx.device(),
-      [&](KernelAliases& a) -> std::array<at::Tensor, 3> {
+      [&](auto& a) -> std::array<at::Tensor, 3> {
         auto gates = a.alias(workspace).chunk(4, 1);
         const at::Tensor &i = gates[0], &f = gates[1], &g = gates[2],
                          &o = gates[3];
@@ -126,7 +147,7 @@ std::tuple<at::Tensor, at::Tensor> gruCell(const at::Tensor& input_gates,
   checkGatesDtype("_thnn_fused_gru_cell", input_gates);
   auto [hy, workspace] = runCell<2>(
       "aten::_thnn_fused_gru_cell", input_gates.device(),
-      [&](KernelAliases& a) -> std::array<at::Tensor, 2> {
+      [&](auto& a) -> std::array<at::Tensor, 2> {
         at::Tensor in = a.alias(input_gates);
         at::Tensor hidden = a.alias(hidden_gates);
         if (present(input_bias)) {
@@ -153,7 +174,7 @@ gruCellBackward(const at::Tensor& grad_hy, const at::Tensor& workspace,
   checkGatesDtype("_thnn_fused_gru_cell_backward", workspace);
   auto results = runCell<5>(
       "aten::_thnn_fused_gru_cell_backward", grad_hy.device(),
-      [&](KernelAliases& a) -> std::array<at::Tensor, 5> {
+      [&](auto& a) -> std::array<at::Tensor, 5> {
         auto w = a.alias(workspace).chunk(5, 1);
         const at::Tensor &r = w[0], &z = w[1], &n = w[2], &h = w[3],
                          &hn = w[4];
