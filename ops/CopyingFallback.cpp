@@ -506,6 +506,9 @@ bool worksWithoutKernelView(const c10::OperatorName& name) {
       "aten::record_stream",
       // Scalars.cpp: the driver's memset, or this fallback.
       "aten::fill_.Scalar", "aten::fill_.Tensor", "aten::zero_",
+      // Dropout.cpp: ATen ops, the mask drawn from the device's generator
+      // (the CPU kernel would draw from the CPU's).
+      "aten::native_dropout", "aten::native_dropout_backward",
       // NestedTensors.cpp: ATen ops on the nested tensor's buffer.
       "aten::_nested_from_padded", "aten::_nested_view_from_buffer",
       "aten::_nested_tensor_from_mask",
