@@ -159,6 +159,8 @@ def test_memory_functions_accept_device_spellings(device, two_devices):
     assert torch.phantom.mem_get_info(device)[1] == torch.phantom.mem_get_info(index)[1]
 
 
+@pytest.mark.requires_kernel_view(
+    "the host buffers of kernels run over the kernel view")
 def test_kernels_reuse_their_large_host_buffers_and_empty_cache_frees_them():
     """A convolution's CPU kernel allocates ~64 MiB of outputs and reordered
     buffers per call. On phantom those come from the kernels' host memory
@@ -225,6 +227,8 @@ print(counts)
 
 
 @pytest.mark.parametrize("lending", ["on", "off"])
+@pytest.mark.requires_kernel_view(
+    "kernels write large results straight into device memory through the kernel view")
 def test_large_results_are_computed_in_the_device_output(lending):
     """An EmbeddingBag's 512 KiB-class result and a convolution's output and
     gradients are computed straight into the device tensors the host

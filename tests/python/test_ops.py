@@ -550,6 +550,8 @@ from torch_phantom.testing import faults  # noqa: E402
 ], ids=["add", "add_alpha", "sub_scalar", "mul_bcast_0d", "div", "relu",
         "add_", "mul_self", "relu_", "div_out"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.requires_kernel_view(
+    "native kernels step aside without a kernel view")
 def test_hot_elementwise_ops_are_queued_and_match_cpu(case, dtype):
     op_name, fn = case
     x = torch.randn(6, 5, dtype=dtype)
@@ -593,6 +595,8 @@ def test_hot_elementwise_cpu_scalars_promote_as_on_cpu_and_are_read_at_the_call(
     assert torch.equal(out.cpu(), y.cpu() * 3.0)
 
 
+@pytest.mark.requires_kernel_view(
+    "native kernels step aside without a kernel view")
 def test_integer_and_strided_binary_ops_are_native_with_the_cpus_layout():
     i = torch.arange(12).reshape(3, 4)
     t = torch.randn(4, 6)

@@ -129,6 +129,8 @@ def test_work_on_a_stream_is_asynchronous_to_the_host():
     assert s.query() is True
 
 
+@pytest.mark.requires_kernel_view(
+    "checks work left queued on the stream; without a kernel view the op runs at the call")
 def test_ops_in_a_stream_context_are_queued_on_that_stream():
     s = P.Stream()
     x = zeros_ready(1000)
@@ -192,6 +194,8 @@ def _producer_consumer(order):
     return result
 
 
+@pytest.mark.requires_kernel_view(
+    "needs the reader to run while the writer's work is still queued; without a kernel view each op runs at the call")
 def test_without_ordering_b_reads_stale_data():
     # The control: streams are not implicitly ordered, so a missing sync
     # shows up as a wrong answer, as on hardware.

@@ -90,6 +90,8 @@ def test_error_mode_raises_before_waiting(name):
     operation(x)
 
 
+@pytest.mark.requires_kernel_view(
+    "without a kernel view every op waits, for that reason")
 def test_the_message_says_why_a_generic_op_waits():
     """The reason is the one torch_phantom.ops_report() gives."""
     import torch_phantom
@@ -110,6 +112,8 @@ def test_copies_between_devices_and_blocking_pinned_copies_warn(two_devices):
     assert "non_blocking=False" in sync_warnings(lambda: pinned.copy_(x))[0]
 
 
+@pytest.mark.requires_kernel_view(
+    "without a kernel view every op waits, and says so")
 def test_queued_work_and_explicit_synchronization_are_silent():
     x = torch.arange(6.0, device="phantom")
     pinned = torch.arange(6.0).pin_memory()
@@ -133,6 +137,8 @@ def test_queued_work_and_explicit_synchronization_are_silent():
     assert len(messages) == 1 and "to host memory" in messages[0], messages
 
 
+@pytest.mark.requires_kernel_view(
+    "without a kernel view every op waits, for that reason")
 def test_convolution_says_that_phantom_waits_where_a_device_kernel_would_not():
     x = torch.randn(1, 2, 5, 5, device="phantom")
     w = torch.randn(3, 2, 3, 3, device="phantom")
