@@ -538,9 +538,9 @@ def _activate_trace() -> None:
 
 
 def _report_pending() -> None:
-    """Reports now the frees found unsafe since the last op (a test suite
-    calls it at the end of each test, so a report names the test that
-    caused it)."""
+    """Reports now the host accesses to non_blocking copies' destinations
+    caught outside any op since the last op (a test suite calls it at the
+    end of each test, so a report names the test that caused it)."""
     detector = _active
     if detector is None:
         return
