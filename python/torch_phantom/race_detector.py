@@ -58,6 +58,11 @@ lock, and frees reported inside a locked section wait for its end.
 Activating PyTorch's GPU trace hooks is for the whole process: after the
 first ``enable()``, each event, synchronize and allocation costs a call
 into Python even when the detector is off again.
+
+This module is the dispatch mode, the trace callbacks and the switches;
+the reports are in _race_reports.py, the vector clocks in _race_order.py,
+and the tracked memory (live storages, uses of freed blocks) in
+_race_memory.py.
 """
 import contextlib
 import threading
