@@ -7,6 +7,13 @@
 // Only the handler moves a slot kActive -> kViolated (by compare-exchange);
 // everything else happens under g_mutex. A slot's range is written while
 // it is kFree and published by the release store of kActive.
+//
+// The table grows: slots live in chunks of kChunkSlots chained by an atomic
+// pointer. When every slot is taken, protect (under g_mutex, never in the
+// handler) appends a chunk and publishes it with a release store; chunks
+// are never freed, so the handler walks the chain lock-free at any moment.
+// The table is as large as the most guards outstanding at once, and its
+// slots are reused as guards are released.
 #include <phantom/HostGuard.h>
 
 #include <phantom/common/fault_signals.h>
@@ -19,6 +26,7 @@
 #include <atomic>
 #include <cerrno>
 #include <mutex>
+#include <new>
 
 namespace phantom::host_guard {
 namespace {
@@ -33,8 +41,43 @@ struct Slot {
   uint64_t id = 0;  // under g_mutex only
 };
 
-constexpr int kSlots = 256;
-Slot g_slots[kSlots];
+constexpr int kChunkSlots = 256;
+struct Chunk {
+  Slot slots[kChunkSlots];
+  std::atomic<Chunk*> next{nullptr};
+};
+Chunk g_first_chunk;
+Chunk* g_last_chunk = &g_first_chunk;  // under g_mutex
+
+// Calls `visit(slot)` on every slot of every chunk until it returns true;
+// returns whether one did. Lock-free: safe in the handler.
+template <typename Visit>
+bool AnySlot(Visit&& visit) {
+  for (Chunk* chunk = &g_first_chunk; chunk != nullptr;
+       chunk = chunk->next.load(std::memory_order_acquire)) {
+    for (Slot& slot : chunk->slots) {
+      if (visit(slot)) return true;
+    }
+  }
+  return false;
+}
+
+// Under g_mutex: a free slot, appending a chunk when every one is taken
+// (nullptr when that allocation fails).
+Slot* FreeSlotLocked() {
+  Slot* found = nullptr;
+  AnySlot([&](Slot& slot) {
+    if (slot.state.load(std::memory_order_acquire) != kFree) return false;
+    found = &slot;
+    return true;
+  });
+  if (found != nullptr) return found;
+  Chunk* chunk = new (std::nothrow) Chunk;
+  if (chunk == nullptr) return nullptr;
+  g_last_chunk->next.store(chunk, std::memory_order_release);
+  g_last_chunk = chunk;
+  return &chunk->slots[0];
+}
 std::mutex g_mutex;          // protect, release, take, install
 uint64_t g_next_id = 1;      // under g_mutex
 std::atomic<int> g_used{0};  // slots not kFree: the fast path of releaseRange
@@ -70,7 +113,7 @@ bool Contains(const Slot& slot, uintptr_t address) {
 bool HandleGuardFault(uintptr_t address) {
   if (g_used.load(std::memory_order_acquire) == 0) return false;
   // An active guard first: that is the race being caught.
-  for (Slot& slot : g_slots) {
+  const bool caught = AnySlot([&](Slot& slot) {
     int state = slot.state.load(std::memory_order_acquire);
     if (state == kActive && Contains(slot, address) &&
         slot.state.compare_exchange_strong(state, kViolated,
@@ -79,18 +122,20 @@ bool HandleGuardFault(uintptr_t address) {
       SetProtection(slot, PROT_READ | PROT_WRITE);
       return true;
     }
-  }
+    return false;
+  });
+  if (caught) return true;
   // A guard being changed, or one already violated whose pages another
   // guard's re-protection covered again: make the access possible.
-  for (Slot& slot : g_slots) {
+  return AnySlot([&](Slot& slot) {
     const int state = slot.state.load(std::memory_order_acquire);
     if (state == kBusy && Contains(slot, address)) return true;  // retried
     if (state == kViolated && Contains(slot, address)) {
       SetProtection(slot, PROT_READ | PROT_WRITE);
       return true;
     }
-  }
-  return false;
+    return false;
+  });
 }
 
 void OnFault(int signal_number, siginfo_t* info, void* context) {
@@ -131,7 +176,7 @@ void InstallLocked() {
 // Under g_mutex: re-protects the active guards overlapping [begin, end)
 // (after those pages were unprotected for another guard).
 void ReprotectOverlapping(uintptr_t begin, uintptr_t end) {
-  for (Slot& slot : g_slots) {
+  AnySlot([&](Slot& slot) {
     int state = kActive;
     if (Overlaps(slot, begin, end) &&
         slot.state.compare_exchange_strong(state, kBusy,
@@ -139,7 +184,8 @@ void ReprotectOverlapping(uintptr_t begin, uintptr_t end) {
       SetProtection(slot, PROT_NONE);
       slot.state.store(kActive, std::memory_order_release);
     }
-  }
+    return false;
+  });
 }
 
 // Under g_mutex: unprotects `slot` (active or violated) and frees it.
@@ -202,67 +248,72 @@ uint64_t protect(const c10::Storage& storage, size_t offset, size_t nbytes,
   const uintptr_t hi = owns_block && b == e ? ceil(b) : floor(b);
   if (hi <= lo) return 0;
   std::lock_guard<std::mutex> lock(g_mutex);
-  for (Slot& slot : g_slots) {
-    if (slot.state.load(std::memory_order_acquire) != kFree) continue;
-    InstallLocked();
-    slot.begin.store(lo, std::memory_order_relaxed);
-    slot.end.store(hi, std::memory_order_relaxed);
-    slot.fault.store(0, std::memory_order_relaxed);
-    slot.id = g_next_id++;
-    g_used.fetch_add(1, std::memory_order_acq_rel);
-    slot.state.store(kActive, std::memory_order_release);
-    if (mprotect(reinterpret_cast<void*>(lo), hi - lo, PROT_NONE) != 0) {
-      slot.id = 0;
-      slot.state.store(kFree, std::memory_order_release);
-      g_used.fetch_sub(1, std::memory_order_acq_rel);
-      return 0;
-    }
-    return slot.id;
+  Slot* free_slot = FreeSlotLocked();
+  if (free_slot == nullptr) return 0;  // no memory for more: unguarded
+  Slot& slot = *free_slot;
+  InstallLocked();
+  slot.begin.store(lo, std::memory_order_relaxed);
+  slot.end.store(hi, std::memory_order_relaxed);
+  slot.fault.store(0, std::memory_order_relaxed);
+  slot.id = g_next_id++;
+  g_used.fetch_add(1, std::memory_order_acq_rel);
+  slot.state.store(kActive, std::memory_order_release);
+  if (mprotect(reinterpret_cast<void*>(lo), hi - lo, PROT_NONE) != 0) {
+    slot.id = 0;
+    slot.state.store(kFree, std::memory_order_release);
+    g_used.fetch_sub(1, std::memory_order_acq_rel);
+    return 0;
   }
-  return 0;  // table full: this copy goes unguarded
+  return slot.id;
 }
 
 uintptr_t release(uint64_t id) {
   if (id == 0) return 0;
   std::lock_guard<std::mutex> lock(g_mutex);
-  for (Slot& slot : g_slots) {
-    if (slot.id == id && slot.state.load(std::memory_order_acquire) != kFree) {
-      return FreeLocked(slot);
+  uintptr_t fault = 0;
+  AnySlot([&](Slot& slot) {
+    if (slot.id != id || slot.state.load(std::memory_order_acquire) == kFree) {
+      return false;
     }
-  }
-  return 0;
+    fault = FreeLocked(slot);
+    return true;
+  });
+  return fault;
 }
 
 void releaseRange(const void* begin, size_t size) {
   if (g_used.load(std::memory_order_acquire) == 0) return;
   const uintptr_t lo = reinterpret_cast<uintptr_t>(begin);
   std::lock_guard<std::mutex> lock(g_mutex);
-  for (Slot& slot : g_slots) {
+  AnySlot([&](Slot& slot) {
     if (slot.state.load(std::memory_order_acquire) == kActive &&
         Overlaps(slot, lo, lo + size)) {
       FreeLocked(slot);
     }
-  }
+    return false;
+  });
 }
 
 std::vector<std::pair<uint64_t, uintptr_t>> takeViolations() {
   std::vector<std::pair<uint64_t, uintptr_t>> found;
   if (g_used.load(std::memory_order_acquire) == 0) return found;
   std::lock_guard<std::mutex> lock(g_mutex);
-  for (Slot& slot : g_slots) {
+  AnySlot([&](Slot& slot) {
     if (slot.state.load(std::memory_order_acquire) == kViolated) {
       const uint64_t id = slot.id;
       found.emplace_back(id, FreeLocked(slot));
     }
-  }
+    return false;
+  });
   return found;
 }
 
 size_t activeCount() {
   size_t count = 0;
-  for (const Slot& slot : g_slots) {
+  AnySlot([&](Slot& slot) {
     count += slot.state.load(std::memory_order_acquire) == kActive;
-  }
+    return false;
+  });
   return count;
 }
 

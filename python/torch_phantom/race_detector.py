@@ -25,11 +25,14 @@ conflict as they do on a device.
 Three kinds of bug are reported:
   - a write not ordered after an earlier read or write of the same memory
     on another stream, or a read not ordered after an earlier write;
-  - memory freed while another stream may still use it: the block goes
-    back to the allocator for reuse on the stream it was allocated on, and
-    an op on another stream that touched it is not ordered before that
-    stream's next use (a missing ``record_stream`` or ``wait_stream``);
-    this is reported at the next op;
+  - memory freed while another stream may still use it, and used again
+    before that use is ordered before the new one: the block goes back to
+    the allocator for reuse on the stream it was allocated on, an op on
+    another stream that touched it is not ordered before the free (a
+    missing ``record_stream``), and an op that touches any of those bytes
+    after the allocator hands them out again is not ordered after it
+    (a missing ``wait_stream``); this is reported at that op
+    (torch_phantom/_race_memory.py);
   - host code touching the destination of a ``non_blocking`` copy from the
     device into pinned memory before anything showed the host the copy
     finished. The copy's destination pages are protected (no read, no
@@ -55,10 +58,13 @@ lock, and frees reported inside a locked section wait for its end.
 Activating PyTorch's GPU trace hooks is for the whole process: after the
 first ``enable()``, each event, synchronize and allocation costs a call
 into Python even when the detector is off again.
+
+This module is the dispatch mode, the trace callbacks and the switches;
+the reports are in _race_reports.py, the vector clocks in _race_order.py,
+and the tracked memory (live storages, uses of freed blocks) in
+_race_memory.py.
 """
 import contextlib
-import os
-import sys
 import threading
 import traceback
 import warnings
@@ -66,109 +72,18 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Set
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from . import _C, _gpu_trace, streams
 from . import device_module as _dm  # torch.<name> (circular: used at call time)
 from ._name import BACKEND_NAME
+from ._race_memory import _KEPT, _FreedUse, _FreedUses, _Memory, _dense_parts, _span
+from ._race_order import _Order
+from ._race_reports import (FREED, HOST_ACCESS, UNORDERED, Access, Race, StreamRaceError,
+                            StreamRaceWarning, _user_stack)
 
 __all__ = ["enable", "disable", "is_enabled", "detecting", "Access", "Race",
            "StreamRaceError", "StreamRaceWarning"]
-
-_PACKAGE_DIRS = tuple(os.path.dirname(p) + os.sep for p in (torch.__file__, __file__))
-
-
-@dataclass
-class Access:
-    """One op's access to one storage."""
-
-    write: bool
-    seq: int  # the op's position in the order the host launched ops
-    stream: int  # the driver handle of the stream it went to
-    stream_name: str
-    op: str
-    arguments: List[str]  # the schema's names for the tensor, "the output"
-    stack: traceback.StackSummary
-    start: int = 0  # the bytes of the storage the tensor spans: [start, end)
-    end: int = 0
-
-    def overlaps(self, other: "Access") -> bool:
-        return self.start < other.end and other.start < self.end
-
-    def covers(self, other: "Access") -> bool:
-        return self.start <= other.start and other.end <= self.end
-
-    def describe(self) -> str:
-        verb = "writing" if self.write else "reading"
-        what = ", ".join(self.arguments) or "a tensor"
-        frames = "".join(self.stack.format()) or "    (no Python frame)\n"
-        return (f"{self.op} {verb} {what} on {self.stream_name}, launched at\n"
-                f"{frames}")
-
-
-@dataclass
-class Race:
-    """Two accesses of one storage with no order between them. ``kind`` is
-    "unordered access", "freed while in use" or "host access before copy
-    finished" (``previous`` is the copy; ``current`` the op during which
-    the host touched its destination, None when that was outside any op;
-    ``address`` the host address touched)."""
-
-    kind: str
-    address: int
-    current: Optional[Access]  # None for "freed while in use"
-    previous: Access
-    freed_stream_name: str = ""
-    noticed_at: Optional[traceback.StackSummary] = None  # host access outside an op
-
-    def __str__(self) -> str:
-        if self.kind == HOST_ACCESS:
-            if self.current is not None:
-                frames = "".join(self.current.stack.format()) or "    (no Python frame)\n"
-                who = f"by {self.current.op} on the host, launched at\n{frames}"
-            else:
-                frames = "".join((self.noticed_at or []).format()) or "    (no Python frame)\n"
-                who = ("by host code outside any op (numpy, a buffer, a C extension), "
-                       f"noticed at\n{frames}")
-            return (
-                f"{BACKEND_NAME} race detector: pinned host memory {self.address:#x} was read or "
-                f"written {who}"
-                f"before anything showed the host that the non_blocking copy writing it "
-                f"finished:\n  {self.previous.describe()}"
-                f"Wait for the copy before touching its destination: synchronize an event "
-                f"recorded after it (or see event.query() return True), synchronize its "
-                f"stream, or torch.{BACKEND_NAME}.synchronize().")
-        if self.kind == "freed while in use":
-            return (
-                f"{BACKEND_NAME} race detector: device memory {self.address:#x} was freed for "
-                f"reuse on {self.freed_stream_name} while another stream may still use "
-                f"it:\n  {self.previous.describe()}"
-                f"is not ordered before the free. After using a tensor on a stream it "
-                f"was not allocated on, call tensor.record_stream(that stream), or make "
-                f"the allocating stream wait for it (wait_stream) or synchronize it, "
-                f"before the tensor is freed.")
-        return (
-            f"{BACKEND_NAME} race detector: possible data race on device memory "
-            f"{self.address:#x}:\n  {self.current.describe()}"
-            f"is not ordered after\n  {self.previous.describe()}"
-            f"Order them: make the second stream wait for the first "
-            f"(second.wait_stream(first), or an Event recorded after the first op "
-            f"and waited on before the second), or synchronize in between.")
-
-
-class StreamRaceError(RuntimeError):
-    """Raised by the op that found races; ``races`` lists them."""
-
-    def __init__(self, races: List[Race]):
-        self.races = races
-        super().__init__("\n\n".join(str(r) for r in races))
-
-
-class StreamRaceWarning(UserWarning):
-    """Warned for each race when the detector's action is "warn"."""
-
-
-HOST_ACCESS = "host access before copy finished"
 
 
 @dataclass
@@ -179,140 +94,6 @@ class _Guard:
     stream: int
     seq: int
     copy: Access
-
-
-def _user_stack() -> traceback.StackSummary:
-    """The innermost frames outside torch and torch_phantom (all frames when
-    the op was launched from inside them only)."""
-    frames = traceback.extract_stack(sys._getframe(2), limit=40)
-    user = [f for f in frames if not f.filename.startswith(_PACKAGE_DIRS)]
-    return traceback.StackSummary.from_list((user or frames)[-6:])
-
-
-def _merge(into: Dict[int, int], other: Dict[int, int]) -> None:
-    for stream, seq in other.items():
-        if into.get(stream, 0) < seq:
-            into[stream] = seq
-
-
-class _Order:
-    """Happens-before between streams, events and the host (vector clocks)."""
-
-    def __init__(self) -> None:
-        self.seq = 0
-        self.streams: Dict[int, Dict[int, int]] = {}
-        self.events: Dict[int, Dict[int, int]] = {}
-        self.host: Dict[int, int] = {}
-
-    def _view(self, stream: int) -> Dict[int, int]:
-        view = self.streams.get(stream)
-        if view is None:
-            view = self.streams[stream] = {}
-        _merge(view, self.host)  # what the host saw finish precedes its launches
-        return view
-
-    def launch(self, stream: int) -> int:
-        self.seq += 1
-        self._view(stream)[stream] = self.seq
-        return self.seq
-
-    def ordered(self, stream: int, access: Access) -> bool:
-        return (self._view(stream).get(access.stream, 0) >= access.seq
-                or self.host.get(access.stream, 0) >= access.seq)
-
-    def record(self, event: int, stream: int) -> None:
-        self.events[event] = dict(self._view(stream))
-
-    def wait(self, event: int, stream: int) -> None:
-        _merge(self._view(stream), self.events.get(event, {}))
-
-    def sync_stream(self, stream: int) -> None:
-        _merge(self.host, self._view(stream))
-
-    def sync_event(self, event: int) -> None:
-        _merge(self.host, self.events.get(event, {}))
-
-    def sync_device(self) -> None:
-        for view in self.streams.values():
-            _merge(self.host, view)
-
-    def finished(self, stream: int, seq: int) -> None:
-        """The host has seen op ``seq`` of ``stream`` finish."""
-        if self.host.get(stream, 0) < seq:
-            self.host[stream] = seq
-
-    def succeed(self, old: int, new: int) -> None:
-        """Stream handle ``new`` replaced ``old``: the same stream, so
-        everything ordered before old's work is ordered before new's."""
-        _merge(self._view(new), self._view(old))
-
-
-class _Memory:
-    """Per storage: the stream it was allocated on, and the accesses that a
-    later one might race with (at most _KEPT, newest last)."""
-
-    __slots__ = ("stream", "stream_name", "accesses", "recorded")
-
-    def __init__(self, stream: int = 0, stream_name: str = "") -> None:
-        self.stream = stream
-        self.stream_name = stream_name
-        self.accesses: List[Access] = []
-        self.recorded: Set[int] = set()  # streams named by record_stream
-
-
-# Accesses kept per storage. An access is forgotten once the host has seen
-# it finish (nothing launched later can race with it) or a later write on
-# an ordered stream covers it; past this many the oldest go, which can only
-# hide a race, never invent one.
-_KEPT = 64
-
-
-def _span(tensor: torch.Tensor):
-    """The bytes of its storage a tensor's elements lie in: [start, end)."""
-    if tensor.is_nested:  # one buffer, components at offsets: all of it
-        return 0, tensor.untyped_storage().nbytes()
-    size = tensor.element_size()
-    start = tensor.storage_offset() * size
-    if tensor.numel() == 0:
-        return start, start
-    extent = 1 + sum((n - 1) * abs(st) for n, st in zip(tensor.shape, tensor.stride()))
-    return start, start + extent * size
-
-
-_SPARSE_COMPONENTS = {
-    torch.sparse_coo: ("_indices", "_values"),
-    torch.sparse_csr: ("crow_indices", "col_indices", "values"),
-    torch.sparse_bsr: ("crow_indices", "col_indices", "values"),
-    torch.sparse_csc: ("ccol_indices", "row_indices", "values"),
-    torch.sparse_bsc: ("ccol_indices", "row_indices", "values"),
-}
-
-
-def _dense_parts(tensor: torch.Tensor):
-    """The tensors with device memory that ``tensor`` is made of: itself
-    when dense; a sparse tensor's index and value tensors; a wrapper
-    subclass's inner tensors (a jagged nested tensor's values and offsets);
-    nothing for the fake and functional tensors of torch.compile's tracing,
-    which have no memory."""
-    if tensor.layout in _SPARSE_COMPONENTS:
-        for name in _SPARSE_COMPONENTS[tensor.layout]:
-            yield from _dense_parts(getattr(tensor, name)())
-        return
-    if type(tensor) not in (torch.Tensor, torch.nn.Parameter):
-        if is_traceable_wrapper_subclass(tensor):
-            names, _ = tensor.__tensor_flatten__()
-            for name in names:
-                inner = getattr(tensor, name)
-                if isinstance(inner, torch.Tensor):
-                    yield from _dense_parts(inner)
-            return
-        # (torch.compile's fake tensors exist only once it is imported; the
-        # detector must not import it, nor Dynamo, itself.)
-        fake = sys.modules.get("torch._subclasses.fake_tensor")
-        if ((fake is not None and isinstance(tensor, fake.FakeTensor))
-                or torch._is_functional_tensor(tensor)):
-            return
-    yield tensor
 
 
 _HOST_VALUES = ("number", "Scalar", "bool", "int", "float", "complex", "SymInt", "SymFloat", "SymBool")
@@ -370,6 +151,7 @@ class _Detector(TorchDispatchMode):
         self.action = action
         self.order = _Order()
         self.memory: Dict[int, _Memory] = {}
+        self.freed_uses = _FreedUses()  # uses of freed blocks still pending
         self.pending: List[Race] = []
         self.lock = threading.RLock()
         self.local = threading.local()  # .depth: sections held; .synced: handles
@@ -432,9 +214,10 @@ class _Detector(TorchDispatchMode):
         with self.section():
             if _C._is_current_stream_capturing():
                 # A graph's memory: its frees return it to the graph's pool.
-                self.memory[address] = _Memory()
+                self.memory[address] = _Memory(stream.device_index)
             else:
-                self.memory[address] = _Memory(self._stream(stream), _stream_name(stream))
+                self.memory[address] = _Memory(stream.device_index, self._stream(stream),
+                                               _stream_name(stream))
 
     def freed(self, address: int) -> None:
         if getattr(self.local, "depth", 0):
@@ -444,6 +227,8 @@ class _Detector(TorchDispatchMode):
             self._free(address)
 
     def _free(self, address: int) -> None:
+        """Files the uses of the block that another stream may still be
+        making: checked when its bytes are used again (_race_memory.py)."""
         memory = self.memory.pop(address, None)
         if memory is None or memory.stream == 0:
             return
@@ -453,9 +238,37 @@ class _Detector(TorchDispatchMode):
             stream = self._handle(access.stream)
             if (stream != owner and stream not in recorded
                     and not self.order.ordered(owner, access)):
-                self.pending.append(Race("freed while in use", address, None, access,
-                                         memory.stream_name))
-                break
+                self.freed_uses.file(memory.device, _FreedUse(
+                    address + access.start, address + access.end, access, address,
+                    memory.stream_name))
+
+    def _check_reuse(self, device: int, address: int, access: Access) -> List[Race]:
+        """Races between ``access`` (of live memory at ``address``) and the
+        filed uses of freed blocks it overlaps; drops the filed uses the
+        host has seen finish, those a write ordered after them covers, and
+        the one reported (in a section)."""
+        races: List[Race] = []
+        dropped = []
+        start, end = address + access.start, address + access.end
+        for use in self.freed_uses.overlapping(device, start, end):
+            earlier = use.access
+            if self.order.host.get(earlier.stream, 0) >= earlier.seq:
+                dropped.append(use)
+            elif self.order.ordered(access.stream, earlier):
+                if access.write and start <= use.start and use.end <= end:
+                    dropped.append(use)
+            elif (access.write or earlier.write) and not races:
+                races.append(Race(FREED, use.block, access, earlier, use.freed_stream_name))
+                dropped.append(use)
+        self.freed_uses.drop(device, dropped)
+        return races
+
+    def _forget_finished_frees(self) -> None:
+        """Drops the filed uses of freed blocks the host has seen finish
+        (in a section)."""
+        if self.freed_uses:
+            host = self.order.host
+            self.freed_uses.forget_finished(lambda a: host.get(a.stream, 0) >= a.seq)
 
     def synchronized(self, method: str, *args) -> None:
         """An event, stream or device synchronize: the host has seen it."""
@@ -465,6 +278,7 @@ class _Detector(TorchDispatchMode):
         with self.section():
             getattr(self.order, method)(*args)
             self._release_seen()
+            self._forget_finished_frees()
 
     def observed(self, method: str, handle: int, query: bool) -> None:
         """After torch.phantom's synchronize or a query that answered True
@@ -474,6 +288,7 @@ class _Detector(TorchDispatchMode):
             with self.section():
                 getattr(self.order, method)(*((handle,) if method != "sync_device" else ()))
                 self._release_seen()
+                self._forget_finished_frees()
         self._report_host_accesses(None)
 
     # -- protected destinations of non_blocking copies ---------------------
@@ -633,13 +448,18 @@ class _Detector(TorchDispatchMode):
                 stream, name, seq = launched[device]
                 memory = self.memory.get(address)
                 if memory is None:  # allocated before the detector was on
-                    memory = self.memory[address] = _Memory()
+                    memory = self.memory[address] = _Memory(device)
                 access = Access(write, seq, stream, name, op, names, stack, start, end)
+                if self.freed_uses and address not in reported:
+                    reuse_races = self._check_reuse(device, address, access)
+                    if reuse_races:
+                        races += reuse_races
+                        reported.add(address)
                 for previous in memory.accesses:
                     if (address not in reported and self._handle(previous.stream) != stream
                             and (write or previous.write) and previous.overlaps(access)
                             and not self.order.ordered(stream, previous)):
-                        races.append(Race("unordered access", address, access, previous))
+                        races.append(Race(UNORDERED, address, access, previous))
                         reported.add(address)
                 kept = [p for p in memory.accesses
                         if not (write and access.covers(p) and self.order.ordered(stream, p))
@@ -652,6 +472,7 @@ class _Detector(TorchDispatchMode):
                     if None in synced or stream in synced_handles:
                         self.order.finished(stream, seq)
                 self._release_seen()
+                self._forget_finished_frees()
                 races += self.pending
                 self.pending = []
             if destinations:
@@ -722,9 +543,9 @@ def _activate_trace() -> None:
 
 
 def _report_pending() -> None:
-    """Reports now the frees found unsafe since the last op (a test suite
-    calls it at the end of each test, so a report names the test that
-    caused it)."""
+    """Reports now the host accesses to non_blocking copies' destinations
+    caught outside any op since the last op (a test suite calls it at the
+    end of each test, so a report names the test that caused it)."""
     detector = _active
     if detector is None:
         return

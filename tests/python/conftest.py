@@ -119,8 +119,9 @@ def _restore_current_device():
     for index in range(torch.phantom.device_count()):
         torch.phantom.synchronize(index)
     if RACE_DETECTOR_ON:
-        # A free found unsafe is reported at the next op: report it here,
-        # in the test that made it, not in the next one.
+        # A host access caught outside any op is reported at the next op:
+        # report it here, in the test that made it, not in the next one
+        # (the synchronize above has forgotten the uses of freed memory).
         torch.phantom.race_detector._report_pending()
 
 

@@ -23,11 +23,6 @@ def fsdp():
     return run_group("fsdp", 3, timeout=300, args=("fsdp",))
 
 
-@pytest.mark.no_race_detector(
-    "FSDP2 frees gradients allocated on its reduce-scatter stream after the "
-    "default stream read them, and orders the reuse instead (the reduce-scatter "
-    "stream waits for the default stream before its next allocation); the "
-    "detector checks at the free, so it reports them (docs/race-detector.md)")
 @pytest.mark.parametrize("name", ["fsdp2", "dtensor"])
 def test_fsdp2_and_dtensor_match_cpu(fsdp, name):
     check_named(fsdp, name)

@@ -112,21 +112,89 @@ print(json.dumps([attempt(disjoint), attempt(overlapping)]))
     assert result[1]["kinds"] == ["unordered access"]
 
 
-def test_memory_freed_while_another_stream_may_use_it_is_reported_at_the_next_op():
-    # The block goes back to the default stream's pool while side may still
-    # read it: a missing record_stream.
-    result = run(CATCH + """
+# x's block (4 MiB) freed on the default stream while side's read of it
+# may still run (no record_stream). again(numel, stream) takes that memory
+# (in part or whole) on `stream` and fills it; a race is reported at the
+# op that first touches it (the allocation's own), and a program that
+# reports nothing asserts it got the same bytes back, so what was checked
+# was a reuse.
+FREED_WHILE_READ = """
 x = torch.ones(1 << 20, device="phantom")
+old = x.data_ptr()
 side.wait_stream(default)
 with torch.phantom.stream(side):
-    y = x * 2
+    y = x * 2                               # LINE-USE
 del x
-print(json.dumps(attempt(lambda: torch.ones(4, device="phantom") + 1)))
+
+def again(numel, stream=default):
+    def use():
+        with torch.phantom.stream(stream):
+            z = torch.empty(numel, device="phantom")  # LINE-REUSE
+            z.fill_(1)
+        assert old <= z.data_ptr() < old + (4 << 20), "the block was not reused"
+        z.sum().item()
+    return attempt(use)
+"""
+
+
+def test_memory_freed_while_another_stream_may_use_it_is_reported_when_used_again():
+    result = run(CATCH + FREED_WHILE_READ + """
+print(json.dumps(again(1 << 20)))
 """)
     assert result["kinds"] == ["freed while in use"]
-    assert "record_stream" in result["text"]
-    assert "aten.mul.Tensor reading" in result["text"]
-    assert "freed for reuse on the default stream of phantom:0" in result["text"]
+    text = result["text"]
+    assert "freed for reuse on the default stream of phantom:0" in text
+    assert "aten.mul.Tensor reading argument 'self' on stream" in text
+    assert "aten.empty.memory_format writing the output on the default stream" in text
+    assert "LINE-USE" in text and "LINE-REUSE" in text
+    assert "record_stream" in text and "wait_stream" in text  # says what to do
+
+
+def test_a_part_of_a_freed_block_handed_out_again_is_checked_too():
+    # Half the block: the allocator splits it and hands out the first half.
+    result = run(CATCH + FREED_WHILE_READ + """
+print(json.dumps(again(1 << 19)))
+""")
+    assert result["kinds"] == ["freed while in use"]
+
+
+def test_a_free_whose_memory_is_used_again_only_after_the_use_finished_reports_nothing():
+    result = run(CATCH + FREED_WHILE_READ + """
+rd._report_pending()
+first = attempt(lambda: (torch.ones(4, device="phantom") + 1).sum().item())
+side.synchronize()
+print(json.dumps([first, again(1 << 20)]))
+""")
+    assert result == [None, None]
+
+
+@pytest.mark.parametrize("ordered", [True, False])
+def test_a_free_ordered_before_the_reuse_as_fsdp2_does_it_reports_nothing(ordered):
+    # FSDP2's reduce-scatter output: allocated on side, read on default,
+    # freed into side's pool while that read may run; side waits for
+    # default before it allocates again.
+    wait = "side.wait_stream(default)" if ordered else ""
+    result = run(CATCH + f"""
+with torch.phantom.stream(side):
+    x = torch.ones(1 << 20, device="phantom")
+old = x.data_ptr()
+default.wait_stream(side)
+total = x.sum()                             # read on default
+del x
+{wait}
+def again():
+    with torch.phantom.stream(side):
+        z = torch.empty(1 << 20, device="phantom")
+        z.fill_(3)
+    assert z.data_ptr() == old, "the block was not reused"
+print(json.dumps(attempt(again)))
+""")
+    if ordered:
+        assert result is None
+    else:
+        assert result["kinds"] == ["freed while in use"]
+        assert "aten.sum.default reading" in result["text"]
+        assert "freed for reuse on stream 1 of phantom:0" in result["text"]
 
 
 @pytest.mark.parametrize("fix", [
@@ -142,9 +210,13 @@ with torch.phantom.stream(side):
     y = x * 2
 {fix}
 del x
-print(json.dumps(attempt(lambda: (torch.ones(4, device="phantom") + 1).sum().item())))
+def again():
+    z = torch.empty(1 << 20, device="phantom")
+    z.fill_(1).sum().item()
+    return z.data_ptr()
+print(json.dumps([attempt(again), torch.empty(1 << 20, device="phantom").data_ptr()]))
 """)
-    assert result is None
+    assert result[0] is None
 
 
 def test_warn_action_warns_and_the_op_still_runs():

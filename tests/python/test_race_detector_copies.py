@@ -116,6 +116,27 @@ print(json.dumps({{"guarded": _C._host_guard_active_count(),
     assert result == {"guarded": 0, "race": None, "right": True}
 
 
+def test_hundreds_of_outstanding_copies_are_all_watched_and_all_released():
+    # More destinations protected at once than one chunk of the guard's
+    # table holds (256): the last ones are watched as the first are.
+    result = run("""
+dsts = [torch.empty(N, pin_memory=True) for _ in range(600)]
+for dst in dsts:
+    dst.copy_(src, non_blocking=True)
+guarded = _C._host_guard_active_count()
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    for i in (0, 255, 256, 599):
+        dsts[i].sum()
+torch.phantom.synchronize()
+print(json.dumps({"guarded": guarded,
+                  "reported": sum(issubclass(w.category, rd.StreamRaceWarning) for w in caught),
+                  "left": _C._host_guard_active_count(),
+                  "right": all(torch.equal(dst, expected) for dst in dsts)}))
+""", enable="rd.enable('warn')\n")
+    assert result == {"guarded": 600, "reported": 4, "left": 0, "right": True}
+
+
 def test_to_cpu_non_blocking_is_guarded_too():
     result = run("""
 out = src.to("cpu", non_blocking=True)

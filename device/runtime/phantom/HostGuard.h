@@ -28,11 +28,13 @@
 // returned to the allocator drops its guards (releaseRange), so a reuse of
 // it never faults.
 //
-// The table is a fixed array of slots of atomics, read lock-free by the
-// handler (it may run on any thread at any moment); protect, release and
-// take serialize on a mutex among themselves. A full table protects
-// nothing more. Faults that are not ours go to the handler installed
-// before ours (the fake's device-memory handler, Python's faulthandler).
+// The table is chunks of slots of atomics, read lock-free by the handler
+// (it may run on any thread at any moment); protect, release and take
+// serialize on a mutex among themselves. It grows by a chunk when every
+// slot is taken, so any number of copies can be outstanding at once
+// (bounded by memory only). Faults that are not ours go to the handler
+// installed before ours (the fake's device-memory handler, Python's
+// faulthandler).
 #pragma once
 
 #include <c10/core/Storage.h>
@@ -50,7 +52,7 @@ bool available(c10::DeviceIndex device);
 
 // Protects the pages of bytes [offset, offset + nbytes) of pinned `storage`
 // that may be protected (see "Pages"). Returns the guard's id, or 0 when
-// nothing was protected (no whole page, table full, not pinned).
+// nothing was protected (no whole page, not pinned, no memory for a slot).
 // `owns_block` says the storage is the only user of its pinned block.
 uint64_t protect(const c10::Storage& storage, size_t offset, size_t nbytes,
                  bool owns_block);
