@@ -29,7 +29,10 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <algorithm>
 #include <cstring>
+#include <optional>
+#include <string>
 
 namespace phantom {
 namespace {
@@ -43,6 +46,36 @@ bool isIndexPut(const c10::OperatorHandle& op) {
   return op.schema().name() == "aten::_index_put_impl_";
 }
 
+// True when ATen tags `op`, or the functional overload of an out=
+// overload (ATen tags `_unique2` but not `_unique2.out`), as having
+// outputs whose shapes depend on the data.
+bool taggedDataDependent(const c10::OperatorHandle& op) {
+  const auto tagged = [](const c10::OperatorHandle& handle) {
+    return handle.hasTag(at::Tag::dynamic_output_shape) ||
+           handle.hasTag(at::Tag::data_dependent_output);
+  };
+  if (tagged(op)) return true;
+  const c10::FunctionSchema& schema = op.schema();
+  const bool out = std::any_of(schema.arguments().begin(), schema.arguments().end(),
+                               [](const c10::Argument& a) { return a.is_out(); });
+  if (!out) return false;
+  std::string functional = schema.overload_name();  // out, Tensor_out, output
+  for (const char* suffix : {"_out", "out", "_output", "output"}) {
+    const size_t n = std::strlen(suffix);
+    if (functional.size() >= n &&
+        functional.compare(functional.size() - n, n, suffix) == 0) {
+      functional.resize(functional.size() - n);
+      break;
+    }
+  }
+  for (const std::string& overload : {functional, std::string()}) {
+    const std::optional<c10::OperatorHandle> handle =
+        c10::Dispatcher::singleton().findOp({schema.name(), overload});
+    if (handle && handle->hasSchema() && tagged(*handle)) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 bool metaKernelFallsShort(const c10::OperatorHandle& op) {
@@ -51,13 +84,18 @@ bool metaKernelFallsShort(const c10::OperatorHandle& op) {
          name == "aten::index_reduce";
 }
 
-bool shapesFollowFromArguments(const c10::OperatorHandle& op) {
-  if (op.hasTag(at::Tag::dynamic_output_shape) ||
-      op.hasTag(at::Tag::data_dependent_output)) {
-    return false;
+ShapeEvidence shapeEvidence(const c10::OperatorHandle& op) {
+  if (taggedDataDependent(op)) {
+    return ShapeEvidence::kMetaKernel;
   }
-  return op.hasTag(at::Tag::pointwise) ||
-         (op.hasTag(at::Tag::inplace) && op.hasTag(at::Tag::nondeterministic_seeded));
+  if (op.hasTag(at::Tag::pointwise) ||
+      (op.hasTag(at::Tag::inplace) && op.hasTag(at::Tag::nondeterministic_seeded))) {
+    return ShapeEvidence::kByDefinition;
+  }
+  // ATen tags its data-dependent ops (torch.compile relies on the tags);
+  // other libraries' ops (torchvision's nms) need not be.
+  return op.schema().name().rfind("aten::", 0) == 0 ? ShapeEvidence::kTwoTrials
+                                                    : ShapeEvidence::kMetaKernel;
 }
 
 bool hasFloat8Argument(c10::ArrayRef<c10::IValue> args) {

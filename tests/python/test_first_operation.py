@@ -10,6 +10,10 @@ import sys
 
 import pytest
 
+NO_RACE_DETECTOR = pytest.mark.no_race_detector(
+    "torch wraps every dispatch mode's __torch_dispatch__, the race detector's "
+    "too, in torch._dynamo.disable, which imports Dynamo and sympy at the first op")
+
 
 def run_fresh(body):
     """Runs `body` in a new interpreter after `import torch`; returns what
@@ -21,9 +25,7 @@ def run_fresh(body):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.no_race_detector(
-    "torch wraps every dispatch mode's __torch_dispatch__, the race detector's "
-    "too, in torch._dynamo.disable, which imports Dynamo and sympy at the first op")
+@NO_RACE_DETECTOR
 def test_first_pointwise_and_random_ops_import_neither_dynamo_nor_sympy():
     # torch's Python Meta kernels for pointwise ops import torch._dynamo and
     # sympy (~800 modules, about a second) on their first call; the CPU
@@ -47,12 +49,83 @@ print(json.dumps({"dynamo": "torch._dynamo" in new, "sympy": "sympy" in new,
     assert result == {"dynamo": False, "sympy": False, "same": True}
 
 
+# Programs whose ops' only Meta kernels are Python ones that import sympy
+# (and torch._dynamo, through torch's elementwise type-promotion wrapper) on
+# their first call: nll_loss_forward and its backward, the fused
+# transformer encoder layer. Each defines `run(d)`, returning the tensors
+# to compare; the same seed gives both devices the same weights and data
+# (drawn on the CPU: phantom's generator is its own, and the weights'
+# initialization draws from the CPU's).
+FIRST_CALL_PROGRAMS = {
+    "cross_entropy": """
+def run(d):
+    x = torch.randn(8, 10, device=d)
+    target = torch.tensor([0, 3, 9, 1, 1, 7, 2, 5], device=d)
+    return [torch.nn.functional.cross_entropy(x, target),
+            torch.nn.functional.nll_loss(x.log_softmax(1), target, reduction="none")]
+""",
+    "transformer_layer_inference": """
+def run(d):
+    with torch.no_grad():
+        m = torch.nn.TransformerEncoderLayer(64, 4, 128, batch_first=True).to(d).eval()
+        return [m(torch.randn(2, 16, 64).to(d))]
+""",
+    # torch.optim imports torch._dynamo on the CPU as well (its
+    # Optimizer.__init__), so the step is written out.
+    "mlp_training_step": """
+def run(d):
+    m = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(),
+                            torch.nn.Linear(64, 10)).to(d)
+    loss = torch.nn.functional.cross_entropy(
+        m(torch.randn(16, 32).to(d)), torch.randint(0, 10, (16,)).to(d))
+    loss.backward()
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(p.grad, alpha=-0.1)
+    return [loss] + list(m.parameters())
+""",
+}
+
+
+@NO_RACE_DETECTOR
+@pytest.mark.parametrize("case", sorted(FIRST_CALL_PROGRAMS))
+def test_first_call_of_ops_with_python_meta_kernels_imports_neither_dynamo_nor_sympy(case):
+    # The trial run of the CPU kernel answers for these ops (their outputs
+    # do not depend on the data: a second trial on other values agrees),
+    # so their Python Meta kernels, and the ~800 modules they import, are
+    # not needed; the CPU imports neither either. Results are the CPU's, bit
+    # for bit.
+    result = run_fresh(FIRST_CALL_PROGRAMS[case] + """
+imported = {}
+results = {}
+for d in ("phantom", "cpu"):
+    before = set(sys.modules)
+    torch.manual_seed(0)
+    results[d] = [t.detach().cpu() for t in run(d)]
+    if d != "cpu":
+        torch.phantom.synchronize()
+    new = set(sys.modules) - before
+    imported[d] = sorted(m for m in ("torch._dynamo", "sympy") if m in new)
+same = all(torch.equal(a, b) for a, b in zip(results["phantom"], results["cpu"]))
+print(json.dumps({"imported": imported, "same": same,
+                  "count": [len(results["phantom"]), len(results["cpu"])]}))
+""")
+    assert result["imported"] == {"phantom": [], "cpu": []}
+    assert result["same"] and result["count"][0] == result["count"][1]
+
+
 @pytest.mark.parametrize("call, fragment", [
     ("torch.bitwise_and(a, a)", "bitwise_and"),
     ("torch.ones(3, device=a.device).add_(torch.ones(2, 3, device=a.device))",
      "doesn't match the broadcast shape"),
     ("torch.ones(2, device=a.device).lerp(torch.ones(3, device=a.device), 0.5)",
      "must match the size"),
+    # nll_loss_forward's first call takes the trial run, not its Meta kernel
+    ("torch.nn.functional.cross_entropy(torch.ones(8, 10, device=a.device), "
+     "torch.zeros(8, 2, dtype=torch.long, device=a.device))", "multi-target not supported"),
+    ("torch.nn.functional.nll_loss(torch.ones(8, 10, device=a.device), "
+     "torch.zeros(8, dtype=torch.long, device=a.device), weight=torch.ones(3, device=a.device))",
+     "weight tensor should be defined either for all 10 classes or no classes"),
 ])
 def test_first_call_with_refused_arguments_raises_the_cpus_error_at_the_call(call, fragment):
     # The first call of a pointwise op skips the Meta kernel; arguments the
@@ -85,3 +158,28 @@ nz = torch.nonzero(x).flatten().tolist()
 print(json.dumps({"picked": picked, "nonzero": nz}))
 """)
     assert result == {"picked": [1.0, 2.0, 3.0], "nonzero": [1, 2, 4]}
+
+
+def test_first_call_of_an_op_whose_outputs_depend_on_the_data_waits_without_its_meta_kernel():
+    # `_padded_dense_to_jagged_forward` without `total_L` returns as many
+    # rows as its offsets' last value says, and ATen does not tag it as
+    # data-dependent. Given a Python Meta kernel (here one that fails the
+    # test if it runs), its first call is decided by trial runs on zeros
+    # and on twos, which disagree: the call waits for the real offsets and
+    # returns the CPU's result, instead of queuing the zeros' empty one.
+    result = run_fresh("""
+meta_calls = []
+lib = torch.library.Library("aten", "IMPL")
+def meta(padded, offsets, total_L=None):
+    meta_calls.append(1)
+    raise RuntimeError("the output length depends on the offsets' data")
+lib.impl("_padded_dense_to_jagged_forward", meta, "Meta")
+op = torch.ops.aten._padded_dense_to_jagged_forward.default
+padded = torch.arange(3 * 4 * 2, dtype=torch.float).reshape(3, 4, 2)
+offsets = torch.tensor([0, 2, 5, 9])
+cpu = op(padded, [offsets])
+on_phantom = op(padded.to("phantom"), [offsets.to("phantom")]).cpu()
+print(json.dumps({"shape": list(on_phantom.shape), "same": torch.equal(cpu, on_phantom),
+                  "meta_calls": len(meta_calls)}))
+""")
+    assert result == {"shape": [9, 2], "same": True, "meta_calls": 0}

@@ -12,7 +12,10 @@
 // raises here is a property of the arguments (a dimension out of range, a
 // dtype it refuses), or of zeros (an integer division by zero, pivots of
 // 0): a second trial then runs on ones, and if that raises too the call
-// takes the synchronous path, where the real data decides.
+// takes the synchronous path, where the real data decides. A trial may also
+// run on other values (twos; 2+2i in complex tensors) to check that an
+// op's outputs are the same whatever the data (HostChecks.h,
+// ShapeEvidence::kTwoTrials).
 #pragma once
 
 #include <phantom/ops/GenericPath.h>
@@ -39,10 +42,11 @@ namespace async_path {
 
 class TrialRun {
  public:
-  // `ones`: every phantom tensor holds ones instead of zeros.
+  // `fill`: the value every phantom tensor holds (0, or 1 after a trial
+  // on zeros raised, or another value to compare answers).
   TrialRun(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args,
-           bool ones = false)
-      : ones_(ones) {
+           int fill = 0)
+      : fill_(fill) {
     for (const c10::IValue& arg : args) {
       std::vector<at::Tensor> tensors;
       flatten(arg, tensors);
@@ -165,9 +169,16 @@ class TrialRun {
 
   static constexpr int64_t kAlignment = 64;
 
-  static void fillWithOnes(const at::Tensor& t) {
+  // Fills `t` with `value`; from 2 up, a complex tensor's elements get an
+  // imaginary part as well (2+2i), as a complex value a kernel converts to
+  // a real type (masked_fill's) must refuse on other data than zeros.
+  static void fillWith(const at::Tensor& t, int value) {
     try {
-      t.fill_(1);
+      if (value >= 2 && t.is_complex()) {
+        t.fill_(c10::Scalar(c10::complex<double>(value, value)));
+      } else {
+        t.fill_(value);
+      }
     } catch (const std::exception&) {
       // An expanded view (overlapping elements) keeps its zeros.
     }
@@ -224,7 +235,7 @@ class TrialRun {
       trial.unsafeGetTensorImpl()->_set_conj(t.is_conj());
       trial.unsafeGetTensorImpl()->_set_neg(t.is_neg());
       shifts_.emplace(trial.unsafeGetTensorImpl(), shift);
-      if (ones_) fillWithOnes(trial);
+      if (fill_ != 0) fillWith(trial, fill_);
     }
     by_impl_.emplace(t.unsafeGetTensorImpl(), trial);
     return trial;
@@ -249,7 +260,7 @@ class TrialRun {
   std::vector<std::pair<size_t, at::Tensor>> arguments_;  // index, trial tensor
   std::vector<ArgumentGeometry> before_;  // of arguments_, before the run
   torch::jit::Stack stack_;
-  bool ones_;
+  int fill_;
   bool feasible_ = true;
   bool supported_ = true;
 };
