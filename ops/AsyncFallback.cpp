@@ -513,7 +513,7 @@ const char* runGenericAsync(const c10::OperatorHandle& op,
   // be checked not to by a second trial, goes straight to the trial run
   // (HostChecks.h); any other learns that from its Meta kernel.
   const ShapeEvidence evidence =
-      signature.empty() ? ShapeEvidence::kMetaKernel : shapeEvidence(op);
+      signature.empty() ? ShapeEvidence::kMetaKernel : shapeEvidence(op, args);
   if (evidence == ShapeEvidence::kMetaKernel) {
     if (const char* reason = runMeta()) {
       return reason;
@@ -539,7 +539,7 @@ const char* runGenericAsync(const c10::OperatorHandle& op,
         capture.take();
         WarningCapture again;
         ones = true;
-        trial.emplace(schema, args, /*ones=*/true);
+        trial.emplace(schema, args, /*fill=*/1);  // integers stay zero
         ran = trial->run(op, &trial_error);
         trial_warnings = again.take();
       } else {
@@ -550,21 +550,24 @@ const char* runGenericAsync(const c10::OperatorHandle& op,
     if (usable && !trial_warnings.empty()) {
       // Which of them the kernel raises at every call: a second run tells
       // TORCH_WARN from TORCH_WARN_ONCE, which is now spent.
-      TrialRun second(schema, args, ones);
+      TrialRun second(schema, args, ones ? 1 : 0);
       WarningCapture capture;
       std::string ignored;
       second.run(op, &ignored);
       cpu.warnings = warningsRaisedAgain(trial_warnings, capture.take());
     }
     if (usable && evidence == ShapeEvidence::kTwoTrials) {
-      // The same answer on other data shows the outputs do not depend on
-      // it; a second trial that raises shows nothing, and the Meta kernel
-      // decides (its raising means: wait).
+      // The same answer on other floating-point data shows the outputs do
+      // not depend on it (integer tensors stay zero; shapeEvidence let
+      // through only ops whose integer values cannot shape the outputs);
+      // a second trial that raises, or that could not vary every
+      // floating-point tensor, shows nothing, and the Meta kernel decides
+      // (its raising means: wait).
       TrialRun other(schema, args, /*fill=*/2);
       WarningCapture dropped;  // the first trial's are the ones delivered
       std::string ignored;
       Remembered other_answer;
-      if (!(other.run(op, &ignored) && other.answer(&other_answer))) {
+      if (!(other.varied() && other.run(op, &ignored) && other.answer(&other_answer))) {
         if (const char* reason = runMeta()) {
           return reason;
         }

@@ -160,13 +160,42 @@ print(json.dumps({"picked": picked, "nonzero": nz}))
     assert result == {"picked": [1.0, 2.0, 3.0], "nonzero": [1, 2, 4]}
 
 
-def test_first_call_of_an_op_whose_outputs_depend_on_the_data_waits_without_its_meta_kernel():
+def test_first_call_of_an_op_whose_outputs_depend_on_float_data_waits_without_its_meta_kernel():
+    # An aten op that ATen does not tag as data-dependent, whose output
+    # length is its input's count of positive values (defined here, with a
+    # Meta kernel that records that it ran). Its first call is decided by
+    # trial runs on zeros and on twos, which disagree: the call waits for
+    # the real data and returns the CPU's result, instead of queuing the
+    # zeros' empty one, and the Meta kernel (with the ~800 modules torch's
+    # import) is not needed.
+    result = run_fresh("""
+meta_calls = []
+lib = torch.library.Library("aten", "FRAGMENT")
+lib.define("_phantom_test_positive(Tensor self) -> Tensor")
+lib.impl("_phantom_test_positive", lambda x: x[x > 0], "CPU")
+def meta(x):
+    meta_calls.append(1)
+    raise RuntimeError("the output length depends on the data")
+lib.impl("_phantom_test_positive", meta, "Meta")
+op = torch.ops.aten._phantom_test_positive.default
+shapes = []
+for values in ([0.0, 1.0, -2.0, 3.0], [5.0, 1.0, 2.0, 3.0]):
+    x = torch.tensor(values)
+    cpu, on_phantom = op(x), op(x.to("phantom")).cpu()
+    shapes.append([list(cpu.shape), list(on_phantom.shape), torch.equal(cpu, on_phantom)])
+print(json.dumps({"shapes": shapes, "meta_calls": len(meta_calls)}))
+""")
+    assert result == {"shapes": [[[2], [2], True], [[4], [4], True]], "meta_calls": 0}
+
+
+def test_first_call_of_an_op_whose_outputs_depend_on_integer_values_asks_its_meta_kernel():
     # `_padded_dense_to_jagged_forward` without `total_L` returns as many
     # rows as its offsets' last value says, and ATen does not tag it as
-    # data-dependent. Given a Python Meta kernel (here one that fails the
-    # test if it runs), its first call is decided by trial runs on zeros
-    # and on twos, which disagree: the call waits for the real offsets and
-    # returns the CPU's result, instead of queuing the zeros' empty one.
+    # data-dependent. Trial runs keep integer tensors at zero (a kernel that
+    # trusts its offsets could run past the trial's buffers on any other
+    # value), so they cannot show that the offsets' values do not matter:
+    # its Meta kernel decides (here one that raises), and every call with
+    # new offsets gets the CPU's shape.
     result = run_fresh("""
 meta_calls = []
 lib = torch.library.Library("aten", "IMPL")
@@ -176,10 +205,80 @@ def meta(padded, offsets, total_L=None):
 lib.impl("_padded_dense_to_jagged_forward", meta, "Meta")
 op = torch.ops.aten._padded_dense_to_jagged_forward.default
 padded = torch.arange(3 * 4 * 2, dtype=torch.float).reshape(3, 4, 2)
-offsets = torch.tensor([0, 2, 5, 9])
-cpu = op(padded, [offsets])
-on_phantom = op(padded.to("phantom"), [offsets.to("phantom")]).cpu()
-print(json.dumps({"shape": list(on_phantom.shape), "same": torch.equal(cpu, on_phantom),
-                  "meta_calls": len(meta_calls)}))
+results = []
+for offsets in ([0, 2, 5, 9], [0, 1, 2, 3]):
+    offsets = torch.tensor(offsets)
+    cpu = op(padded, [offsets])
+    on_phantom = op(padded.to("phantom"), [offsets.to("phantom")]).cpu()
+    results.append([list(on_phantom.shape), torch.equal(cpu, on_phantom)])
+print(json.dumps({"results": results, "meta_calls": len(meta_calls)}))
 """)
-    assert result == {"shape": [9, 2], "same": True, "meta_calls": 0}
+    assert result == {"results": [[[9, 2], True], [[3, 2], True]], "meta_calls": 1}
+
+
+def test_ops_whose_output_shapes_follow_integer_values_give_the_cpus_shapes_each_call():
+    # repeat_interleave with a tensor of repeats and bincount: the same call
+    # signature with other values must give the CPU's (other) shapes, not
+    # the first call's, and values; the process must exit cleanly.
+    result = run_fresh("""
+out = []
+for repeats, values in (([1, 0, 3], [0, 1, 1, 4]), ([2, 2, 2], [7, 0, 0, 1])):
+    x = torch.tensor([1.0, 2.0, 3.0])
+    r = torch.tensor(repeats)
+    v = torch.tensor(values)
+    cpu = [torch.repeat_interleave(x, r), torch.bincount(v), torch.repeat_interleave(r)]
+    dev = [t.cpu() for t in (torch.repeat_interleave(x.to("phantom"), r.to("phantom")),
+                             torch.bincount(v.to("phantom")),
+                             torch.repeat_interleave(r.to("phantom")))]
+    out.append([[list(c.shape) for c in cpu], all(torch.equal(c, p) for c, p in zip(cpu, dev)),
+                [list(p.shape) for p in dev]])
+print(json.dumps(out))
+""")
+    assert result == [[[[4], [5], [4]], True, [[4], [5], [4]]],
+                      [[[6], [8], [6]], True, [[6], [8], [6]]]]
+
+
+# segment_reduce and its backward trust their lengths and offsets: the
+# backward walks `lengths` without checking that they sum to the data's
+# length. A trial run that gave them values the caller did not (a second
+# trial on twos once did) wrote past the trial's host buffers and
+# corrupted the heap, which aborts the process ("double free or
+# corruption") at the call or later, so each case runs in its own process
+# and must exit cleanly.
+SEGMENT_REDUCE = """
+def run(d, reduce, kind, axis):
+    torch.manual_seed(0)
+    if axis == 0:
+        data = torch.randn(6, 3, dtype=torch.float64)
+        lengths = torch.tensor([1, 0, 3, 2])
+        offsets = torch.tensor([0, 1, 1, 4, 6])
+    else:
+        data = torch.randn(2, 6, dtype=torch.float64)
+        lengths = torch.tensor([[1, 0, 3, 2], [6, 0, 0, 0]])
+        offsets = torch.tensor([[0, 1, 1, 4, 6], [0, 6, 6, 6, 6]])
+    data = data.to(d).requires_grad_()
+    segments = {kind: (lengths if kind == "lengths" else offsets).to(d)}
+    y = torch.segment_reduce(data, reduce, axis=axis, unsafe=False,
+                             initial=0.0 if reduce in ("max", "min", "prod") else None,
+                             **segments)
+    y.backward(torch.arange(y.numel(), dtype=y.dtype).reshape(y.shape).to(d))
+    return y.detach().cpu(), data.grad.cpu()
+
+same = {}
+for reduce in ("sum", "mean", "max", "min", "prod"):
+    for axis in (0, 1):
+        cpu, on_phantom = run("cpu", reduce, KIND, axis), run("phantom", reduce, KIND, axis)
+        # mean over an empty segment is NaN on both
+        same[f"{reduce}, axis {axis}"] = all(
+            torch.allclose(c, p, rtol=0, atol=0, equal_nan=True)
+            for c, p in zip(cpu, on_phantom))
+torch.phantom.synchronize()
+print(json.dumps(same))
+"""
+
+
+@pytest.mark.parametrize("kind", ["lengths", "offsets"])
+def test_segment_reduce_and_its_backward_equal_the_cpu_and_leave_the_heap_intact(kind):
+    result = run_fresh(f"KIND = {kind!r}\n" + SEGMENT_REDUCE)
+    assert result == {f"{reduce}, axis {axis}": True
+                      for reduce in ("sum", "mean", "max", "min", "prod") for axis in (0, 1)}

@@ -40,14 +40,26 @@ enum class ShapeEvidence {
   // An aten op that ATen does not tag as data-dependent
   // (`dynamic_output_shape`, `data_dependent_output`, on the op or, for
   // an out= overload, on its functional overload): a second trial on
-  // other data (twos, 2+2i in complex tensors) must give the same answer.
-  // If the trials disagree the signature waits; if the second trial
-  // raises, the Meta kernel decides.
+  // other floating-point data (twos, 2+2i in complex tensors) must give
+  // the same answer. Trials keep integer and boolean tensors at zero
+  // (TrialRun.h), so an op that reads one qualifies only when its integer
+  // values cannot shape its outputs (integerValuesCannotShapeOutputs). If
+  // the trials disagree the signature waits; if the second trial raises,
+  // or could not vary every floating-point tensor, the Meta kernel
+  // decides.
   kTwoTrials,
   // Anything else (a tagged op, an op of another library, whose tags
-  // nobody checked): the Meta kernel must run without raising.
+  // nobody checked, an op whose integer arguments may shape its outputs):
+  // the Meta kernel must run without raising.
   kMetaKernel,
 };
-ShapeEvidence shapeEvidence(const c10::OperatorHandle& op);
+ShapeEvidence shapeEvidence(const c10::OperatorHandle& op,
+                            c10::ArrayRef<c10::IValue> args);
+
+// True for an op whose outputs' shapes cannot depend on the values of its
+// integer and boolean tensor arguments: an in-place op, or one of a list
+// read from the ops' definitions (indices, class targets, masks, lengths
+// and offsets counted by their shapes, integer data reduced or sorted).
+bool integerValuesCannotShapeOutputs(const c10::OperatorHandle& op);
 
 }  // namespace phantom

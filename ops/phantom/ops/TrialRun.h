@@ -10,12 +10,23 @@
 // tensor passed twice is one CPU tensor twice. Random ops draw from a
 // fresh generator, not the device's or the CPU's. An error the kernel
 // raises here is a property of the arguments (a dimension out of range, a
-// dtype it refuses), or of zeros (an integer division by zero, pivots of
-// 0): a second trial then runs on ones, and if that raises too the call
-// takes the synchronous path, where the real data decides. A trial may also
-// run on other values (twos; 2+2i in complex tensors) to check that an
-// op's outputs are the same whatever the data (HostChecks.h,
-// ShapeEvidence::kTwoTrials).
+// dtype it refuses), or of zeros (pivots of 0, probabilities that sum to
+// 0): a second trial then runs with ones in floating-point tensors, and if
+// that raises too the call takes the synchronous path, where the real data
+// decides. A trial may also run on other values (twos; 2+2i in complex
+// tensors) to check that an op's outputs are the same whatever the
+// floating-point data (HostChecks.h, ShapeEvidence::kTwoTrials).
+//
+// Integer and boolean tensors hold zeros in every trial. The trial cannot
+// see the caller's values (they are on the device), and many CPU kernels
+// trust their index-like arguments: segment_reduce's backward walks its
+// `lengths` without checking that they sum to the data's length, so any
+// other value can send it past the end of the trial's buffers and corrupt
+// the heap. Zeros are the one value that is in range for every index into
+// a non-empty dimension, sums to nothing and is ordered, and they are the
+// value the first trial passed anyway. A floating-point tensor that shares
+// its memory with an integer one keeps its zeros too (its bytes are the
+// integers'); such a trial is not `varied()`.
 #pragma once
 
 #include <phantom/ops/GenericPath.h>
@@ -42,8 +53,9 @@ namespace async_path {
 
 class TrialRun {
  public:
-  // `fill`: the value every phantom tensor holds (0, or 1 after a trial
-  // on zeros raised, or another value to compare answers).
+  // `fill`: the value every floating-point and complex phantom tensor
+  // holds (0, or 1 after a trial on zeros raised, or another value to
+  // compare answers); integer and boolean ones hold 0 whatever it is.
   TrialRun(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args,
            int fill = 0)
       : fill_(fill) {
@@ -92,6 +104,11 @@ class TrialRun {
 
   // False when the arguments span more than kMaxBytes: no trial runs.
   bool feasible() const { return feasible_; }
+
+  // False when a floating-point or complex tensor could not be given
+  // `fill` (its memory is an integer tensor's too, or it is a host tensor,
+  // passed as it is): a trial on other values then shows nothing about it.
+  bool varied() const { return varied_; }
 
   // Runs the CPU kernel; false (with its message) if it raised.
   bool run(const c10::OperatorHandle& op, std::string* error) {
@@ -164,29 +181,42 @@ class TrialRun {
   struct Buffer {
     int64_t lo = std::numeric_limits<int64_t>::max();  // bytes
     int64_t hi = 0;
+    bool integral = false;  // an integer or boolean tensor lies in it
     c10::Storage storage;
   };
 
   static constexpr int64_t kAlignment = 64;
 
-  // Fills `t` with `value`; from 2 up, a complex tensor's elements get an
-  // imaginary part as well (2+2i), as a complex value a kernel converts to
-  // a real type (masked_fill's) must refuse on other data than zeros.
-  static void fillWith(const at::Tensor& t, int value) {
+  // Fills `t`, a floating-point or complex tensor, with `value`; from 2
+  // up a complex tensor's elements get an imaginary part as well (2+2i),
+  // as a complex value a kernel converts to a real type (masked_fill's)
+  // must refuse on other data than zeros. An expanded view (overlapping
+  // elements) is filled through the span of memory it covers. False if
+  // it could not be filled.
+  static bool fillWith(const at::Tensor& t, int value) {
+    const c10::Scalar scalar = value >= 2 && t.is_complex()
+                                   ? c10::Scalar(c10::complex<double>(value, value))
+                                   : c10::Scalar(value);
     try {
-      if (value >= 2 && t.is_complex()) {
-        t.fill_(c10::Scalar(c10::complex<double>(value, value)));
-      } else {
-        t.fill_(value);
-      }
+      t.fill_(scalar);
+      return true;
     } catch (const std::exception&) {
-      // An expanded view (overlapping elements) keeps its zeros.
+    }
+    try {
+      int64_t last = t.storage_offset();
+      for (int64_t d = 0; d < t.dim(); ++d) last += (t.size(d) - 1) * t.stride(d);
+      t.as_strided({last - t.storage_offset() + 1}, {1}).fill_(scalar);
+      return true;
+    } catch (const std::exception&) {
+      return false;
     }
   }
 
   void span(const at::Tensor& t) {
     if (!isPhantom(t) || t.layout() != c10::kStrided) return;
     Buffer& buffer = buffers_[t.storage().unsafeGetStorageImpl()];
+    buffer.integral = buffer.integral ||
+                      c10::isIntegralType(t.scalar_type(), /*includeBool=*/true);
     if (t.numel() == 0) return;
     const int64_t itemsize = static_cast<int64_t>(t.dtype().itemsize());
     int64_t last = t.storage_offset();
@@ -214,7 +244,15 @@ class TrialRun {
 
   at::Tensor trialOf(const at::Tensor& t) {
     if (!isPhantom(t)) {
-      if (t.defined()) hosts_.emplace_back(t);
+      if (t.defined()) {
+        hosts_.emplace_back(t);
+        // A host tensor is passed with its own values, which a trial on
+        // other values does not change.
+        if (fill_ != 0 && (c10::isFloatingType(t.scalar_type()) ||
+                           c10::isComplexType(t.scalar_type()))) {
+          varied_ = false;
+        }
+      }
       return t;
     }
     const auto known = by_impl_.find(t.unsafeGetTensorImpl());
@@ -235,7 +273,13 @@ class TrialRun {
       trial.unsafeGetTensorImpl()->_set_conj(t.is_conj());
       trial.unsafeGetTensorImpl()->_set_neg(t.is_neg());
       shifts_.emplace(trial.unsafeGetTensorImpl(), shift);
-      if (fill_ != 0) fillWith(trial, fill_);
+      const c10::ScalarType dtype = t.scalar_type();
+      if (fill_ != 0 && t.numel() > 0 &&
+          !c10::isIntegralType(dtype, /*includeBool=*/true)) {
+        const bool filled = (c10::isFloatingType(dtype) || c10::isComplexType(dtype)) &&
+                            !buffer.integral && fillWith(trial, fill_);
+        varied_ = varied_ && filled;
+      }
     }
     by_impl_.emplace(t.unsafeGetTensorImpl(), trial);
     return trial;
@@ -263,6 +307,7 @@ class TrialRun {
   int fill_;
   bool feasible_ = true;
   bool supported_ = true;
+  bool varied_ = true;
 };
 
 }  // namespace async_path
