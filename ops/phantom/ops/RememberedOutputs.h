@@ -10,8 +10,10 @@
 // (TrialRun), which gives the CPU's own outputs and the resizes it makes to
 // out= arguments; the call is queued with them, and so are later ones.
 // That the outputs do not depend on the data is known by definition
-// (pointwise ops), or shown by a second trial on other values that gives
-// the same answer (aten ops ATen does not tag as data-dependent), or else
+// (pointwise ops), or shown by a second trial on other floating-point
+// values that gives the same answer (aten ops ATen does not tag as
+// data-dependent, whose integer arguments, zeros in every trial, cannot
+// shape the outputs), or else
 // by the Python Meta kernel running without raising (HostChecks.h,
 // ShapeEvidence); if the trials disagree or the Meta kernel raises, the
 // call waits. The Meta kernel comes last because torch's Python Meta
@@ -26,7 +28,8 @@
 // And an argument error the Meta kernel does not check (multinomial on
 // integers) is raised by the trial at the call, as on the CPU, rather than
 // failing the stream later and losing the work queued behind it.
-// When the trial raises on zeros and on ones too (a singular matrix), or
+// When the trial raises on zeros and on ones (in floating-point tensors)
+// too (a singular matrix), or
 // the arguments span more than TrialRun::kMaxBytes, the call waits and the
 // synchronous path checks the Meta kernel's answer against the CPU's real
 // outputs (verifyRemembered); if they differ, the CPU's own ones are
