@@ -528,6 +528,10 @@ const char* runGenericAsync(const c10::OperatorHandle& op,
     std::string trial_error;
     Remembered cpu;
     std::optional<TrialRun> trial(std::in_place, schema, args);
+    // After zeros raised: ones in floating-point tensors, and in integer
+    // ones too only for an elementwise op, which uses no value as an index
+    // (TrialRun.h, HostChecks.h).
+    const int integer_ones = elementwise(op) ? 1 : 0;
     bool ran = false;
     bool ones = false;
     std::vector<c10::Warning> trial_warnings;
@@ -539,7 +543,7 @@ const char* runGenericAsync(const c10::OperatorHandle& op,
         capture.take();
         WarningCapture again;
         ones = true;
-        trial.emplace(schema, args, /*fill=*/1);  // integers stay zero
+        trial.emplace(schema, args, /*fill=*/1, integer_ones);
         ran = trial->run(op, &trial_error);
         trial_warnings = again.take();
       } else {
@@ -550,7 +554,7 @@ const char* runGenericAsync(const c10::OperatorHandle& op,
     if (usable && !trial_warnings.empty()) {
       // Which of them the kernel raises at every call: a second run tells
       // TORCH_WARN from TORCH_WARN_ONCE, which is now spent.
-      TrialRun second(schema, args, ones ? 1 : 0);
+      TrialRun second(schema, args, ones ? 1 : 0, ones ? integer_ones : 0);
       WarningCapture capture;
       std::string ignored;
       second.run(op, &ignored);
@@ -563,7 +567,7 @@ const char* runGenericAsync(const c10::OperatorHandle& op,
       // a second trial that raises, or that could not vary every
       // floating-point tensor, shows nothing, and the Meta kernel decides
       // (its raising means: wait).
-      TrialRun other(schema, args, /*fill=*/2);
+      TrialRun other(schema, args, /*fill=*/2, ones ? integer_ones : 0);
       WarningCapture dropped;  // the first trial's are the ones delivered
       std::string ignored;
       Remembered other_answer;

@@ -150,13 +150,33 @@ bool integerValuesCannotShapeOutputsByName(const std::string& name) {
 }  // namespace
 
 bool integerValuesCannotShapeOutputs(const c10::OperatorHandle& op) {
-  // An in-place op returns its own arguments, whose shapes it keeps.
-  if (op.hasTag(at::Tag::inplace)) return true;
+  // An in-place op returns its own arguments, whose shapes it keeps; an
+  // elementwise op's outputs broadcast from its inputs' shapes.
+  if (op.hasTag(at::Tag::inplace) || elementwise(op)) return true;
   std::string name = op.schema().name();
   if (integerValuesCannotShapeOutputsByName(name)) return true;
   if (!name.empty() && name.back() == '_') {  // scatter_, masked_fill_, ...
     name.pop_back();
     return integerValuesCannotShapeOutputsByName(name);
+  }
+  return false;
+}
+
+bool elementwise(const c10::OperatorHandle& op) {
+  if (op.hasTag(at::Tag::pointwise)) return true;
+  const c10::OperatorName& name = op.schema().operator_name();
+  // Elementwise ops ATen does not tag: `a // b`, `1 - a`, ...
+  static const std::unordered_set<std::string> kUntagged = {
+      "aten::floor_divide", "aten::floor_divide_", "aten::rsub",
+      "aten::_add_relu", "aten::_add_relu_"};
+  if (kUntagged.count(name.name) > 0) return true;
+  // An in-place variant (`ne_`) whose functional overload is tagged.
+  if (name.name.size() > 1 && name.name.back() == '_' && op.hasTag(at::Tag::inplace)) {
+    const std::optional<c10::OperatorHandle> functional =
+        c10::Dispatcher::singleton().findOp(
+            {name.name.substr(0, name.name.size() - 1), name.overload_name});
+    return functional && functional->hasSchema() &&
+           functional->hasTag(at::Tag::pointwise);
   }
   return false;
 }

@@ -70,6 +70,15 @@ def run(d):
         m = torch.nn.TransformerEncoderLayer(64, 4, 128, batch_first=True).to(d).eval()
         return [m(torch.randn(2, 16, 64).to(d))]
 """,
+    # Integer division: the trial on zeros divides by zero, and the trial on
+    # ones that follows gives integer tensors ones only because these ops
+    # are elementwise (no value is an index; other ops' integers stay zero).
+    "integer_division": """
+def run(d):
+    a = torch.arange(-6, 6, device=d)
+    b = torch.tensor([1, 2, 3, -4] * 3, device=d)
+    return [a // b, a % b, torch.fmod(a, b), torch.div(a, b, rounding_mode="trunc")]
+""",
     # torch.optim imports torch._dynamo on the CPU as well (its
     # Optimizer.__init__), so the step is written out.
     "mlp_training_step": """

@@ -56,10 +56,17 @@ enum class ShapeEvidence {
 ShapeEvidence shapeEvidence(const c10::OperatorHandle& op,
                             c10::ArrayRef<c10::IValue> args);
 
+// True for an op that computes each output element from the inputs'
+// elements at the same place and so uses no value as an index or a
+// length: ATen's `pointwise` tag, an in-place variant of a tagged op
+// (`ne_`), or one of the few untagged ones (`floor_divide`, `rsub`).
+bool elementwise(const c10::OperatorHandle& op);
+
 // True for an op whose outputs' shapes cannot depend on the values of its
-// integer and boolean tensor arguments: an in-place op, or one of a list
-// read from the ops' definitions (indices, class targets, masks, lengths
-// and offsets counted by their shapes, integer data reduced or sorted).
+// integer and boolean tensor arguments: an in-place or elementwise op, or
+// one of a list read from the ops' definitions (indices, class targets,
+// masks, lengths and offsets counted by their shapes, integer data reduced
+// or sorted).
 bool integerValuesCannotShapeOutputs(const c10::OperatorHandle& op);
 
 }  // namespace phantom

@@ -26,7 +26,12 @@
 // a non-empty dimension, sums to nothing and is ordered, and they are the
 // value the first trial passed anyway. A floating-point tensor that shares
 // its memory with an integer one keeps its zeros too (its bytes are the
-// integers'); such a trial is not `varied()`.
+// integers'); such a trial is not `varied()`. Elementwise ops (each
+// output element computed from the inputs' elements at the same place;
+// HostChecks.h) use no value as an index or a length, so their trial on
+// ones fills integer tensors too, and a trial on other values after it
+// keeps them at one: an integer division by zero then runs on ones, and
+// `a // b` is queued.
 #pragma once
 
 #include <phantom/ops/GenericPath.h>
@@ -55,10 +60,11 @@ class TrialRun {
  public:
   // `fill`: the value every floating-point and complex phantom tensor
   // holds (0, or 1 after a trial on zeros raised, or another value to
-  // compare answers); integer and boolean ones hold 0 whatever it is.
+  // compare answers). `integer_fill`: the value of integer and boolean
+  // ones, 0 but for an elementwise op's trial after zeros raised (1).
   TrialRun(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args,
-           int fill = 0)
-      : fill_(fill) {
+           int fill = 0, int integer_fill = 0)
+      : fill_(fill), integer_fill_(integer_fill) {
     for (const c10::IValue& arg : args) {
       std::vector<at::Tensor> tensors;
       flatten(arg, tensors);
@@ -274,8 +280,9 @@ class TrialRun {
       trial.unsafeGetTensorImpl()->_set_neg(t.is_neg());
       shifts_.emplace(trial.unsafeGetTensorImpl(), shift);
       const c10::ScalarType dtype = t.scalar_type();
-      if (fill_ != 0 && t.numel() > 0 &&
-          !c10::isIntegralType(dtype, /*includeBool=*/true)) {
+      if (c10::isIntegralType(dtype, /*includeBool=*/true)) {
+        if (integer_fill_ != 0 && t.numel() > 0) fillWith(trial, integer_fill_);
+      } else if (fill_ != 0 && t.numel() > 0) {
         const bool filled = (c10::isFloatingType(dtype) || c10::isComplexType(dtype)) &&
                             !buffer.integral && fillWith(trial, fill_);
         varied_ = varied_ && filled;
@@ -305,6 +312,7 @@ class TrialRun {
   std::vector<ArgumentGeometry> before_;  // of arguments_, before the run
   torch::jit::Stack stack_;
   int fill_;
+  int integer_fill_;
   bool feasible_ = true;
   bool supported_ = true;
   bool varied_ = true;
