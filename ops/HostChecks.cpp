@@ -109,7 +109,9 @@ bool readsIntegerTensor(const c10::FunctionSchema& schema,
 // offsets counted by their shapes, or data reduced, sorted or copied.
 // Read from each op's definition in torch 2.13; an op that is not here
 // (`_padded_dense_to_jagged_forward`, whose row count is its offsets'
-// last value, is not tagged) has its Meta kernel decide.
+// last value, is not tagged) has its Meta kernel decide. So does the
+// forward `_embedding_bag`, whose CPU kernel picks among several paths
+// (one leaves offset2bag empty) in ways not audited here.
 bool integerValuesCannotShapeOutputsByName(const std::string& name) {
   static const std::unordered_set<std::string> kNames = {
       // class targets
@@ -122,8 +124,7 @@ bool integerValuesCannotShapeOutputsByName(const std::string& name) {
       "aten::index_select", "aten::index_add", "aten::index_copy", "aten::index_fill",
       "aten::index_reduce", "aten::take", "aten::put", "aten::index_put",
       "aten::_index_put_impl_", "aten::searchsorted", "aten::bucketize",
-      "aten::embedding_dense_backward", "aten::_embedding_bag",
-      "aten::_embedding_bag_forward_only", "aten::_embedding_bag_backward",
+      "aten::embedding_dense_backward", "aten::_embedding_bag_backward",
       "aten::_embedding_bag_dense_backward",
       "aten::_embedding_bag_per_sample_weights_backward",
       "aten::max_pool2d_with_indices_backward", "aten::max_pool3d_with_indices_backward",
