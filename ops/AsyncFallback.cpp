@@ -640,7 +640,8 @@ const char* runGenericAsync(const c10::OperatorHandle& op,
     }
     entry.state = Remembered::State::kWait;
     return "the CPU kernel returns a view of an argument, or changes an "
-           "argument in a way queued work cannot carry back (a conj bit)";
+           "argument in a way queued work cannot carry back (a conj bit, or a "
+           "resize of a tensor it also reads)";
   }
 
   // 2. Outputs on the device, on the host, before anything runs.

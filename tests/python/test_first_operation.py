@@ -291,3 +291,20 @@ def test_segment_reduce_and_its_backward_equal_the_cpu_and_leave_the_heap_intact
     result = run_fresh(f"KIND = {kind!r}\n" + SEGMENT_REDUCE)
     assert result == {f"{reduce}, axis {axis}": True
                       for reduce in ("sum", "mean", "max", "min", "prod") for axis in (0, 1)}
+
+
+def test_first_in_place_call_that_resizes_the_tensor_it_reads_equals_the_cpu():
+    # addbmm_ on a one-element self broadcasts it into the product, then
+    # resizes it to the product's shape. Queued work resizes the outputs
+    # before the kernel runs, which would lose the broadcast value: the
+    # call must wait instead, and give the CPU's values.
+    result = run_fresh("""
+torch.manual_seed(0)
+s = torch.randn(1, dtype=torch.float64)
+b1 = torch.randn(5, 5, 5, dtype=torch.float64)
+b2 = torch.randn(5, 5, 10, dtype=torch.float64)
+cpu = s.clone().addbmm_(b1, b2)
+on_phantom = s.to("phantom").addbmm_(b1.to("phantom"), b2.to("phantom")).cpu()
+print(json.dumps({"shape": list(on_phantom.shape), "same": torch.equal(cpu, on_phantom)}))
+""")
+    assert result == {"shape": [5, 10], "same": True}

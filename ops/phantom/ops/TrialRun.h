@@ -98,6 +98,7 @@ class TrialRun {
         const at::Tensor& trial = stack_[i].toTensor();
         before_.push_back(ArgumentGeometry::of(i, trial));
         arguments_.emplace_back(i, trial);
+        if (!schema.arguments()[i].is_out()) read_.insert(trial.unsafeGetTensorImpl());
       }
     }
   }
@@ -140,7 +141,9 @@ class TrialRun {
 
   // After run(): the CPU's answer, as queued work can carry it out; false
   // when it cannot (a result that is a view of an argument, an argument
-  // whose storage or conj/neg bit the kernel changed).
+  // whose storage or conj/neg bit the kernel changed, or that it resized
+  // and also reads: `addbmm_` on a self of one element broadcasts it and
+  // then resizes it, which queued work, resizing first, cannot repeat).
   bool answer(Remembered* out) const {
     for (size_t k = 0; k < arguments_.size(); ++k) {
       const ArgumentGeometry& was = before_[k];
@@ -152,6 +155,7 @@ class TrialRun {
         // Resized (out=), once per tensor; in device terms, undoing the
         // buffer's shift.
         const c10::TensorImpl* impl = arguments_[k].second.unsafeGetTensorImpl();
+        if (read_.count(impl)) return false;
         if (std::none_of(arguments_.begin(), arguments_.begin() + k, [&](const auto& a) {
               return a.second.unsafeGetTensorImpl() == impl;
             })) {
@@ -310,6 +314,7 @@ class TrialRun {
   std::vector<c10::IValue> hosts_;  // host tensors passed as they are
   std::vector<std::pair<size_t, at::Tensor>> arguments_;  // index, trial tensor
   std::vector<ArgumentGeometry> before_;  // of arguments_, before the run
+  std::unordered_set<const c10::TensorImpl*> read_;  // passed other than as out=
   torch::jit::Stack stack_;
   int fill_;
   int integer_fill_;
