@@ -42,6 +42,8 @@ CASES = {
               "torch.ones(4, 3, 3, 3, device=d))",
     "cross_entropy": "r = torch.nn.functional.cross_entropy(torch.ones(8, 10, device=d), "
                      "torch.zeros(8, dtype=torch.long, device=d))",
+    # integer tensors: the trial on zeros divides by zero (docs/operators.md)
+    "int_divide": "r = torch.arange(1, 257, device=d) // torch.arange(1, 257, device=d)",
     "inference": """with torch.no_grad():
     m = torch.nn.TransformerEncoderLayer(64, 4, 128, batch_first=True).to(d).eval()
     r = m(torch.randn(2, 16, 64, device=d)).sum().item()""",
