@@ -551,6 +551,15 @@ const char* runGenericAsync(const c10::OperatorHandle& op,
       }
     }
     const bool usable = ran && trial->answer(&cpu);
+    if (usable && !meta_ran && trial->resizedAnArgumentItReads()) {
+      // Queued work would resize the argument before the kernel reads it
+      // (TrialRun::resizedAnArgumentItReads): the Meta kernel decides, as
+      // for every op before trial runs could answer (addbmm_'s refuses a
+      // self without the product's shape, and the call waits).
+      if (const char* reason = runMeta()) {
+        return reason;
+      }
+    }
     if (usable && !trial_warnings.empty()) {
       // Which of them the kernel raises at every call: a second run tells
       // TORCH_WARN from TORCH_WARN_ONCE, which is now spent.
@@ -640,8 +649,7 @@ const char* runGenericAsync(const c10::OperatorHandle& op,
     }
     entry.state = Remembered::State::kWait;
     return "the CPU kernel returns a view of an argument, or changes an "
-           "argument in a way queued work cannot carry back (a conj bit, or a "
-           "resize of a tensor it also reads)";
+           "argument in a way queued work cannot carry back (a conj bit)";
   }
 
   // 2. Outputs on the device, on the host, before anything runs.

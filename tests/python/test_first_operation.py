@@ -296,8 +296,9 @@ def test_segment_reduce_and_its_backward_equal_the_cpu_and_leave_the_heap_intact
 def test_first_in_place_call_that_resizes_the_tensor_it_reads_equals_the_cpu():
     # addbmm_ on a one-element self broadcasts it into the product, then
     # resizes it to the product's shape. Queued work resizes the outputs
-    # before the kernel runs, which would lose the broadcast value: the
-    # call must wait instead, and give the CPU's values.
+    # before the kernel runs, which would lose the broadcast value: though
+    # trial runs could answer for addbmm_, its Meta kernel must decide
+    # (it refuses that self), and the call waits and gives the CPU's values.
     result = run_fresh("""
 torch.manual_seed(0)
 s = torch.randn(1, dtype=torch.float64)

@@ -139,11 +139,26 @@ class TrialRun {
     return true;
   }
 
+  // After run(): true when the kernel resized an argument it was passed
+  // other than as out=, and so may have read it first. Queued work resizes
+  // before the kernel runs, which repeats the CPU only if it did not:
+  // `addbmm_` on a self of one element broadcasts self into the product,
+  // then resizes it to the product's shape.
+  bool resizedAnArgumentItReads() const {
+    for (size_t k = 0; k < arguments_.size(); ++k) {
+      const ArgumentGeometry& was = before_[k];
+      const ArgumentGeometry now = ArgumentGeometry::of(was.index, arguments_[k].second);
+      if ((now.sizes != was.sizes || now.strides != was.strides) &&
+          read_.count(arguments_[k].second.unsafeGetTensorImpl())) {
+        return true;
+      }
+    }
+    return false;
+  }
+
   // After run(): the CPU's answer, as queued work can carry it out; false
   // when it cannot (a result that is a view of an argument, an argument
-  // whose storage or conj/neg bit the kernel changed, or that it resized
-  // and also reads: `addbmm_` on a self of one element broadcasts it and
-  // then resizes it, which queued work, resizing first, cannot repeat).
+  // whose storage or conj/neg bit the kernel changed).
   bool answer(Remembered* out) const {
     for (size_t k = 0; k < arguments_.size(); ++k) {
       const ArgumentGeometry& was = before_[k];
@@ -155,7 +170,6 @@ class TrialRun {
         // Resized (out=), once per tensor; in device terms, undoing the
         // buffer's shift.
         const c10::TensorImpl* impl = arguments_[k].second.unsafeGetTensorImpl();
-        if (read_.count(impl)) return false;
         if (std::none_of(arguments_.begin(), arguments_.begin() + k, [&](const auto& a) {
               return a.second.unsafeGetTensorImpl() == impl;
             })) {
