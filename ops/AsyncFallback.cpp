@@ -26,11 +26,13 @@
 // `Tensor?` result counts as one: None or a tensor, known ahead). A Meta
 // kernel written in Python (in torch 2.13 torch/_meta_registrations.py
 // overrides the C++ Meta kernels of most core ops, and running one costs
-// ~100-300 us with the GIL, far more than the CPU kernel) is run once per
-// call signature, to learn that the outputs do not depend on the data; the
-// outputs themselves come from a trial run of the CPU kernel on the host
-// and are remembered ("Remembered outputs", below); that first call is
-// queued as well. Random ops are queued too: the device's generator is handed
+// ~100-300 us with the GIL, far more than the CPU kernel, and its first
+// call imports torch._dynamo and sympy) is not run per call: the outputs
+// come from a trial run of the CPU kernel on the host, once per call
+// signature, and are remembered (RememberedOutputs.h); that first call is
+// queued as well. The Meta kernel runs only when nothing else shows that
+// the outputs do not depend on the data (HostChecks.h, ShapeEvidence).
+// Random ops are queued too: the device's generator is handed
 // to the CPU kernel on the worker, and PhantomGeneratorImpl::queueDraw keeps
 // the draws in the order the host called the ops (Generator.h), so phantom
 // keeps drawing the CPU's numbers.
@@ -179,8 +181,9 @@ struct KernelArgument {
 };
 
 // True when the Meta kernel the dispatcher would run for `op` is a C++
-// one. Python registrations show their .py file in the computed table.
-// Decided once per op.
+// one. Python registrations show their .py file in the computed table, or
+// a pseudo-file in angle brackets for code without one (`python -c`'s
+// <string>, a notebook cell's <ipython-input-...>). Decided once per op.
 bool hasNativeMetaKernel(const c10::OperatorHandle& op) {
   static std::mutex mutex;
   static auto* known = new std::unordered_map<c10::OperatorHandle, bool>();
@@ -196,6 +199,7 @@ bool hasNativeMetaKernel(const c10::OperatorHandle& op) {
     const size_t end = table.find('\n', line + 1);
     const std::string entry = table.substr(line + 1, end - line - 1);
     native = entry.find(".py") == std::string::npos &&
+             entry.find("registered at <") == std::string::npos &&
              entry.find("fallthrough") == std::string::npos;
   }
   known->emplace(op, native);
@@ -505,9 +509,12 @@ const char* runGenericAsync(const c10::OperatorHandle& op,
     }
     return nullptr;
   };
-  // An op whose output shapes cannot depend on the data goes straight to
-  // the trial run (HostChecks.h); any other learns that from its Meta kernel.
-  if (signature.empty() || !shapesFollowFromArguments(op)) {
+  // An op whose output shapes are known not to depend on the data, or can
+  // be checked not to by a second trial, goes straight to the trial run
+  // (HostChecks.h); any other learns that from its Meta kernel.
+  const ShapeEvidence evidence =
+      signature.empty() ? ShapeEvidence::kMetaKernel : shapeEvidence(op, args);
+  if (evidence == ShapeEvidence::kMetaKernel) {
     if (const char* reason = runMeta()) {
       return reason;
     }
@@ -521,6 +528,10 @@ const char* runGenericAsync(const c10::OperatorHandle& op,
     std::string trial_error;
     Remembered cpu;
     std::optional<TrialRun> trial(std::in_place, schema, args);
+    // After zeros raised: ones in floating-point tensors, and in integer
+    // ones too only for an elementwise op, which uses no value as an index
+    // (TrialRun.h, HostChecks.h).
+    const int integer_ones = elementwise(op) ? 1 : 0;
     bool ran = false;
     bool ones = false;
     std::vector<c10::Warning> trial_warnings;
@@ -532,7 +543,7 @@ const char* runGenericAsync(const c10::OperatorHandle& op,
         capture.take();
         WarningCapture again;
         ones = true;
-        trial.emplace(schema, args, /*ones=*/true);
+        trial.emplace(schema, args, /*fill=*/1, integer_ones);
         ran = trial->run(op, &trial_error);
         trial_warnings = again.take();
       } else {
@@ -540,23 +551,58 @@ const char* runGenericAsync(const c10::OperatorHandle& op,
       }
     }
     const bool usable = ran && trial->answer(&cpu);
+    if (usable && !meta_ran && trial->resizedAnArgumentItReads()) {
+      // Queued work would resize the argument before the kernel reads it
+      // (TrialRun::resizedAnArgumentItReads): the Meta kernel decides, as
+      // for every op before trial runs could answer (addbmm_'s refuses a
+      // self without the product's shape, and the call waits).
+      if (const char* reason = runMeta()) {
+        return reason;
+      }
+    }
     if (usable && !trial_warnings.empty()) {
       // Which of them the kernel raises at every call: a second run tells
       // TORCH_WARN from TORCH_WARN_ONCE, which is now spent.
-      TrialRun second(schema, args, ones);
+      TrialRun second(schema, args, ones ? 1 : 0, ones ? integer_ones : 0);
       WarningCapture capture;
       std::string ignored;
       second.run(op, &ignored);
       cpu.warnings = warningsRaisedAgain(trial_warnings, capture.take());
     }
-    if (debugMemo() && meta_ran) {
+    if (usable && evidence == ShapeEvidence::kTwoTrials) {
+      // The same answer on other floating-point data shows the outputs do
+      // not depend on it (integer tensors stay zero; shapeEvidence let
+      // through only ops whose integer values cannot shape the outputs);
+      // a second trial that raises, or that could not vary every
+      // floating-point tensor, shows nothing, and the Meta kernel decides
+      // (its raising means: wait).
+      TrialRun other(schema, args, /*fill=*/2, ones ? integer_ones : 0);
+      WarningCapture dropped;  // the first trial's are the ones delivered
+      std::string ignored;
+      Remembered other_answer;
+      if (!(other.varied() && other.run(op, &ignored) && other.answer(&other_answer))) {
+        if (const char* reason = runMeta()) {
+          return reason;
+        }
+      } else if (!sameAnswer(cpu, other_answer)) {
+        if (debugMemo()) {
+          std::fprintf(stderr, "phantom: %s: trial runs on other values gave "
+                       "other outputs: the signature waits\n", schema.name().c_str());
+        }
+        std::lock_guard<std::mutex> lock(memoMutex());
+        memo()[signature].state = Remembered::State::kWait;
+        return "the CPU kernel's outputs for this call signature depend on "
+               "the data (trial runs on other values gave other shapes)";
+      }
+    }
+    if (debugMemo() && !ran) {
+      std::fprintf(stderr, "phantom: %s: %s%s\n", schema.name().c_str(),
+                   trial->feasible() ? "the trial run raised: " : "no trial run: ",
+                   trial_error.c_str());
+    } else if (debugMemo() && meta_ran) {
       Remembered meta;
       const bool meta_ok = rememberable(mirror, args, meta_stack, &meta);
-      if (!ran) {
-        std::fprintf(stderr, "phantom: %s: %s%s\n", schema.name().c_str(),
-                     trial->feasible() ? "the trial run raised: " : "no trial run: ",
-                     trial_error.c_str());
-      } else if (!usable || !meta_ok || !sameAnswer(meta, cpu)) {
+      if (!usable || !meta_ok || !sameAnswer(meta, cpu)) {
         std::fprintf(stderr, "phantom: %s: the Meta kernel's answer is not the "
                      "CPU kernel's%s\n", schema.name().c_str(),
                      usable ? "" : " (and the CPU's cannot be queued)");

@@ -28,13 +28,45 @@ bool hasFloat8Argument(c10::ArrayRef<c10::IValue> args);
 const char* checksNeedTheData(const c10::OperatorHandle& op,
                               c10::ArrayRef<c10::IValue> args);
 
-// True for an op whose outputs' shapes follow from its arguments' shapes
-// whatever the data: a pointwise op, or an in-place random fill (its result
-// is its argument). The first call of such an op with a call signature
-// needs no Python Meta kernel to show that its outputs do not depend on the
-// data; the trial run's answer is taken directly, and the Meta kernel runs
-// only when the trial cannot answer. (Torch's Python Meta kernels for
-// pointwise ops import torch._dynamo and sympy on their first call.)
-bool shapesFollowFromArguments(const c10::OperatorHandle& op);
+// How the first call of an op with a call signature learns that the op's
+// outputs (shapes, strides, dtypes) do not depend on the data, so that the
+// trial run's answer can stand for every call with the signature. Torch's
+// Python Meta kernels, the other witness, import torch._dynamo and sympy
+// (close to a second) on their first call, so they are asked last.
+enum class ShapeEvidence {
+  // A pointwise op, or an in-place random fill (its result is its
+  // argument): true by definition; the trial run's answer is taken.
+  kByDefinition,
+  // An aten op that ATen does not tag as data-dependent
+  // (`dynamic_output_shape`, `data_dependent_output`, on the op or, for
+  // an out= overload, on its functional overload): a second trial on
+  // other floating-point data (twos, 2+2i in complex tensors) must give
+  // the same answer. Trials keep integer and boolean tensors at zero
+  // (TrialRun.h), so an op that reads one qualifies only when its integer
+  // values cannot shape its outputs (integerValuesCannotShapeOutputs). If
+  // the trials disagree the signature waits; if the second trial raises,
+  // or could not vary every floating-point tensor, the Meta kernel
+  // decides.
+  kTwoTrials,
+  // Anything else (a tagged op, an op of another library, whose tags
+  // nobody checked, an op whose integer arguments may shape its outputs):
+  // the Meta kernel must run without raising.
+  kMetaKernel,
+};
+ShapeEvidence shapeEvidence(const c10::OperatorHandle& op,
+                            c10::ArrayRef<c10::IValue> args);
+
+// True for an op that computes each output element from the inputs'
+// elements at the same place and so uses no value as an index or a
+// length: ATen's `pointwise` tag, an in-place variant of a tagged op
+// (`ne_`), or one of the few untagged ones (`floor_divide`, `rsub`).
+bool elementwise(const c10::OperatorHandle& op);
+
+// True for an op whose outputs' shapes cannot depend on the values of its
+// integer and boolean tensor arguments: an in-place or elementwise op, or
+// one of a list read from the ops' definitions (indices, class targets,
+// masks, lengths and offsets counted by their shapes, integer data reduced
+// or sorted).
+bool integerValuesCannotShapeOutputs(const c10::OperatorHandle& op);
 
 }  // namespace phantom

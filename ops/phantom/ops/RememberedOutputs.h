@@ -6,11 +6,18 @@
 // those ops the outputs' metadata is remembered per call signature (the
 // op, every tensor argument's dtype, sizes, strides, offset and storage
 // sharing, every other argument's value). The first call with a signature
-// runs the Python Meta kernel once: if it raises, the outputs depend on the
-// data (or the arguments are refused) and the call waits. If it does not,
-// the CPU kernel runs once on the host over zeroed copies of the arguments
+// runs the CPU kernel once on the host over zeroed copies of the arguments
 // (TrialRun), which gives the CPU's own outputs and the resizes it makes to
 // out= arguments; the call is queued with them, and so are later ones.
+// That the outputs do not depend on the data is known by definition
+// (pointwise ops), or shown by a second trial on other floating-point
+// values that gives the same answer (aten ops ATen does not tag as
+// data-dependent, whose integer arguments, zeros in every trial, cannot
+// shape the outputs), or else
+// by the Python Meta kernel running without raising (HostChecks.h,
+// ShapeEvidence); if the trials disagree or the Meta kernel raises, the
+// call waits. The Meta kernel comes last because torch's Python Meta
+// kernels import torch._dynamo and sympy on their first call.
 //
 // The trial is what makes queuing the first call safe. Python Meta kernels
 // describe the general case and are lax about arguments, and the CPU kernel
@@ -21,7 +28,8 @@
 // And an argument error the Meta kernel does not check (multinomial on
 // integers) is raised by the trial at the call, as on the CPU, rather than
 // failing the stream later and losing the work queued behind it.
-// When the trial raises on zeros and on ones too (a singular matrix), or
+// When the trial raises on zeros and on ones (in floating-point tensors)
+// too (a singular matrix), or
 // the arguments span more than TrialRun::kMaxBytes, the call waits and the
 // synchronous path checks the Meta kernel's answer against the CPU's real
 // outputs (verifyRemembered); if they differ, the CPU's own ones are
@@ -35,8 +43,8 @@
 // views, or whose CPU kernel changes an argument in a way queued work
 // cannot carry back (linalg_lu_solve(left=False) sets its out= result's
 // conj bit), is remembered as "wait".
-// Arguments the Meta kernel would have refused are not in the memo: a
-// remembered signature passed the kernel's checks before.
+// Arguments the CPU kernel refuses are not in the memo: a remembered
+// signature passed the trial run (or the Meta kernel's checks) before.
 #pragma once
 
 #include <phantom/ops/GenericPath.h>

@@ -10,9 +10,28 @@
 // tensor passed twice is one CPU tensor twice. Random ops draw from a
 // fresh generator, not the device's or the CPU's. An error the kernel
 // raises here is a property of the arguments (a dimension out of range, a
-// dtype it refuses), or of zeros (an integer division by zero, pivots of
-// 0): a second trial then runs on ones, and if that raises too the call
-// takes the synchronous path, where the real data decides.
+// dtype it refuses), or of zeros (pivots of 0, probabilities that sum to
+// 0): a second trial then runs with ones in floating-point tensors, and if
+// that raises too the call takes the synchronous path, where the real data
+// decides. A trial may also run on other values (twos; 2+2i in complex
+// tensors) to check that an op's outputs are the same whatever the
+// floating-point data (HostChecks.h, ShapeEvidence::kTwoTrials).
+//
+// Integer and boolean tensors hold zeros in every trial. The trial cannot
+// see the caller's values (they are on the device), and many CPU kernels
+// trust their index-like arguments: segment_reduce's backward walks its
+// `lengths` without checking that they sum to the data's length, so any
+// other value can send it past the end of the trial's buffers and corrupt
+// the heap. Zeros are the one value that is in range for every index into
+// a non-empty dimension, sums to nothing and is ordered, and they are the
+// value the first trial passed anyway. A floating-point tensor that shares
+// its memory with an integer one keeps its zeros too (its bytes are the
+// integers'); such a trial is not `varied()`. Elementwise ops (each
+// output element computed from the inputs' elements at the same place;
+// HostChecks.h) use no value as an index or a length, so their trial on
+// ones fills integer tensors too, and a trial on other values after it
+// keeps them at one: an integer division by zero then runs on ones, and
+// `a // b` is queued.
 #pragma once
 
 #include <phantom/ops/GenericPath.h>
@@ -39,10 +58,13 @@ namespace async_path {
 
 class TrialRun {
  public:
-  // `ones`: every phantom tensor holds ones instead of zeros.
+  // `fill`: the value every floating-point and complex phantom tensor
+  // holds (0, or 1 after a trial on zeros raised, or another value to
+  // compare answers). `integer_fill`: the value of integer and boolean
+  // ones, 0 but for an elementwise op's trial after zeros raised (1).
   TrialRun(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args,
-           bool ones = false)
-      : ones_(ones) {
+           int fill = 0, int integer_fill = 0)
+      : fill_(fill), integer_fill_(integer_fill) {
     for (const c10::IValue& arg : args) {
       std::vector<at::Tensor> tensors;
       flatten(arg, tensors);
@@ -76,6 +98,7 @@ class TrialRun {
         const at::Tensor& trial = stack_[i].toTensor();
         before_.push_back(ArgumentGeometry::of(i, trial));
         arguments_.emplace_back(i, trial);
+        if (!schema.arguments()[i].is_out()) read_.insert(trial.unsafeGetTensorImpl());
       }
     }
   }
@@ -88,6 +111,11 @@ class TrialRun {
 
   // False when the arguments span more than kMaxBytes: no trial runs.
   bool feasible() const { return feasible_; }
+
+  // False when a floating-point or complex tensor could not be given
+  // `fill` (its memory is an integer tensor's too, or it is a host tensor,
+  // passed as it is): a trial on other values then shows nothing about it.
+  bool varied() const { return varied_; }
 
   // Runs the CPU kernel; false (with its message) if it raised.
   bool run(const c10::OperatorHandle& op, std::string* error) {
@@ -109,6 +137,23 @@ class TrialRun {
       return false;
     }
     return true;
+  }
+
+  // After run(): true when the kernel resized an argument it was passed
+  // other than as out=, and so may have read it first. Queued work resizes
+  // before the kernel runs, which repeats the CPU only if it did not:
+  // `addbmm_` on a self of one element broadcasts self into the product,
+  // then resizes it to the product's shape.
+  bool resizedAnArgumentItReads() const {
+    for (size_t k = 0; k < arguments_.size(); ++k) {
+      const ArgumentGeometry& was = before_[k];
+      const ArgumentGeometry now = ArgumentGeometry::of(was.index, arguments_[k].second);
+      if ((now.sizes != was.sizes || now.strides != was.strides) &&
+          read_.count(arguments_[k].second.unsafeGetTensorImpl())) {
+        return true;
+      }
+    }
+    return false;
   }
 
   // After run(): the CPU's answer, as queued work can carry it out; false
@@ -160,22 +205,42 @@ class TrialRun {
   struct Buffer {
     int64_t lo = std::numeric_limits<int64_t>::max();  // bytes
     int64_t hi = 0;
+    bool integral = false;  // an integer or boolean tensor lies in it
     c10::Storage storage;
   };
 
   static constexpr int64_t kAlignment = 64;
 
-  static void fillWithOnes(const at::Tensor& t) {
+  // Fills `t`, a floating-point or complex tensor, with `value`; from 2
+  // up a complex tensor's elements get an imaginary part as well (2+2i),
+  // as a complex value a kernel converts to a real type (masked_fill's)
+  // must refuse on other data than zeros. An expanded view (overlapping
+  // elements) is filled through the span of memory it covers. False if
+  // it could not be filled.
+  static bool fillWith(const at::Tensor& t, int value) {
+    const c10::Scalar scalar = value >= 2 && t.is_complex()
+                                   ? c10::Scalar(c10::complex<double>(value, value))
+                                   : c10::Scalar(value);
     try {
-      t.fill_(1);
+      t.fill_(scalar);
+      return true;
     } catch (const std::exception&) {
-      // An expanded view (overlapping elements) keeps its zeros.
+    }
+    try {
+      int64_t last = t.storage_offset();
+      for (int64_t d = 0; d < t.dim(); ++d) last += (t.size(d) - 1) * t.stride(d);
+      t.as_strided({last - t.storage_offset() + 1}, {1}).fill_(scalar);
+      return true;
+    } catch (const std::exception&) {
+      return false;
     }
   }
 
   void span(const at::Tensor& t) {
     if (!isPhantom(t) || t.layout() != c10::kStrided) return;
     Buffer& buffer = buffers_[t.storage().unsafeGetStorageImpl()];
+    buffer.integral = buffer.integral ||
+                      c10::isIntegralType(t.scalar_type(), /*includeBool=*/true);
     if (t.numel() == 0) return;
     const int64_t itemsize = static_cast<int64_t>(t.dtype().itemsize());
     int64_t last = t.storage_offset();
@@ -203,7 +268,15 @@ class TrialRun {
 
   at::Tensor trialOf(const at::Tensor& t) {
     if (!isPhantom(t)) {
-      if (t.defined()) hosts_.emplace_back(t);
+      if (t.defined()) {
+        hosts_.emplace_back(t);
+        // A host tensor is passed with its own values, which a trial on
+        // other values does not change.
+        if (fill_ != 0 && (c10::isFloatingType(t.scalar_type()) ||
+                           c10::isComplexType(t.scalar_type()))) {
+          varied_ = false;
+        }
+      }
       return t;
     }
     const auto known = by_impl_.find(t.unsafeGetTensorImpl());
@@ -224,7 +297,14 @@ class TrialRun {
       trial.unsafeGetTensorImpl()->_set_conj(t.is_conj());
       trial.unsafeGetTensorImpl()->_set_neg(t.is_neg());
       shifts_.emplace(trial.unsafeGetTensorImpl(), shift);
-      if (ones_) fillWithOnes(trial);
+      const c10::ScalarType dtype = t.scalar_type();
+      if (c10::isIntegralType(dtype, /*includeBool=*/true)) {
+        if (integer_fill_ != 0 && t.numel() > 0) fillWith(trial, integer_fill_);
+      } else if (fill_ != 0 && t.numel() > 0) {
+        const bool filled = (c10::isFloatingType(dtype) || c10::isComplexType(dtype)) &&
+                            !buffer.integral && fillWith(trial, fill_);
+        varied_ = varied_ && filled;
+      }
     }
     by_impl_.emplace(t.unsafeGetTensorImpl(), trial);
     return trial;
@@ -248,10 +328,13 @@ class TrialRun {
   std::vector<c10::IValue> hosts_;  // host tensors passed as they are
   std::vector<std::pair<size_t, at::Tensor>> arguments_;  // index, trial tensor
   std::vector<ArgumentGeometry> before_;  // of arguments_, before the run
+  std::unordered_set<const c10::TensorImpl*> read_;  // passed other than as out=
   torch::jit::Stack stack_;
-  bool ones_;
+  int fill_;
+  int integer_fill_;
   bool feasible_ = true;
   bool supported_ = true;
+  bool varied_ = true;
 };
 
 }  // namespace async_path
