@@ -1,5 +1,5 @@
 // The switch that ends PyTorch's GPU trace hooks at exit, the hook shield
-// and the query observer (GpuTrace.h).
+// and the query and record-stream observers (GpuTrace.h).
 #include <phantom/GpuTrace.h>
 
 #include <atomic>
@@ -9,7 +9,16 @@ namespace {
 std::atomic<bool> stopped{false};
 std::atomic<HookShield> shield{nullptr};
 std::atomic<QueryObserver> query_observer{nullptr};
+std::atomic<RecordStreamObserver> record_stream_observer{nullptr};
 }  // namespace
+
+void setRecordStreamObserver(RecordStreamObserver observer) noexcept {
+  record_stream_observer.store(observer, std::memory_order_release);
+}
+
+RecordStreamObserver recordStreamObserver() noexcept {
+  return record_stream_observer.load(std::memory_order_relaxed);
+}
 
 void setQueryObserver(QueryObserver observer) noexcept {
   query_observer.store(observer, std::memory_order_release);

@@ -271,6 +271,34 @@ PYBIND11_MODULE(_C, m) {
       });
     });
   });
+  // The race detector's record-stream observer (phantom/GpuTrace.h):
+  // called as observer(address, stream_handle) when C++ records a stream
+  // on a block through the device guard; None removes it.
+  m.def("_set_record_stream_observer", [](py::object observer) {
+    static PyObject* current = nullptr;  // a strong reference, or null
+    phantom::gpu_trace::setRecordStreamObserver(nullptr);
+    Py_XDECREF(current);
+    current = nullptr;
+    if (observer.is_none()) {
+      return;
+    }
+    current = observer.release().ptr();
+    phantom::gpu_trace::setRecordStreamObserver([](const void* data, uintptr_t stream) {
+      PyObject* callback = current;
+      if (callback == nullptr || phantom::gpu_trace::tracingStopped()) {
+        return;
+      }
+      phantom::gpu_trace::runHook([&] {
+        PyObject* result = PyObject_CallFunction(
+            callback, "KK", static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(data)),
+            static_cast<unsigned long long>(stream));
+        if (result == nullptr) {
+          throw py::error_already_set();
+        }
+        Py_DECREF(result);
+      });
+    });
+  });
   m.def("_synchronize", [](c10::DeviceIndex d) {
     py::gil_scoped_release no_gil;
     phantom::synchronizeDevice(d);

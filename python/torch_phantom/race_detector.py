@@ -291,6 +291,15 @@ class _Detector(TorchDispatchMode):
                 self._forget_finished_frees()
         self._report_host_accesses(None)
 
+    def recorded_on(self, address: int, handle: int) -> None:
+        """C++ recorded stream ``handle`` on the block at ``address`` through
+        the device guard (c10's Future does, for the streams its callbacks
+        run on): as ``record_stream``, the block is held back for it."""
+        with self.section():
+            memory = self.memory.get(address)
+            if memory is not None:
+                memory.recorded.add(self._handle(handle))
+
     # -- protected destinations of non_blocking copies ---------------------
 
     def _guard(self, destinations: List[torch.Tensor], device: int,
@@ -516,6 +525,12 @@ def _observe(method: str, handle: int, query: bool) -> None:
         detector.observed(method, handle, query)
 
 
+def _recorded_on(address: int, handle: int) -> None:
+    detector = _active
+    if detector is not None:
+        detector.recorded_on(address, handle)
+
+
 def _forward(method: str, *bound):
     def callback(*args):
         detector = _active
@@ -574,6 +589,7 @@ def enable(action: str = "error") -> None:
     _active = detector
     streams._host_observer = _observe
     _C._set_query_observer(streams._observed)  # torch.Stream/Event queries too
+    _C._set_record_stream_observer(_recorded_on)  # c10's Future records streams
 
 
 def disable() -> None:
@@ -583,6 +599,7 @@ def disable() -> None:
     if detector is not None:
         streams._host_observer = None
         _C._set_query_observer(None)
+        _C._set_record_stream_observer(None)
         detector.__exit__(None, None, None)
         for guard in list(detector.guards):  # nothing stays protected
             _C._host_guard_release(guard)

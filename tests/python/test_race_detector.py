@@ -168,6 +168,35 @@ print(json.dumps([first, again(1 << 20)]))
     assert result == [None, None]
 
 
+def test_a_future_callbacks_stream_recorded_from_cpp_holds_the_block_back():
+    """c10's Future runs a callback on a pool stream and records that stream
+    on the value's blocks from C++ (the device guard's
+    recordDataPtrOnStream), as record_stream does: the allocator holds the
+    block back until the callback's work is done, so its reuse is no race.
+    The detector hears of it through the runtime's record-stream observer."""
+    result = run(CATCH + """
+import gc, time
+t = torch.full((1 << 20,), 2.0, device="phantom")
+old = t.data_ptr()
+fut = torch.futures.Future(devices=["phantom:0"])
+fut.set_result(t)
+child = fut.then(lambda f: f.value() * 2)   # on a pool stream, nothing waits for it
+del t, fut
+gc.collect()
+time.sleep(0.3)                              # its work ends; the host does not see it
+
+def reuse():
+    x = torch.empty(1 << 20, device="phantom")
+    x.fill_(1)
+    assert x.data_ptr() == old, "the block was not reused"
+    x.sum().item()
+first = attempt(reuse)
+assert torch.equal(child.wait().cpu(), torch.full((1 << 20,), 4.0))
+print(json.dumps(first))
+""")
+    assert result is None
+
+
 @pytest.mark.parametrize("ordered", [True, False])
 def test_a_free_ordered_before_the_reuse_as_fsdp2_does_it_reports_nothing(ordered):
     # FSDP2's reduce-scatter output: allocated on side, read on default,

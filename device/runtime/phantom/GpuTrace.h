@@ -62,6 +62,24 @@ inline void queryFinished(bool is_event, uintptr_t handle) {
   }
 }
 
+// A stream recorded on a block from C++ through the device guard
+// (recordDataPtrOnStream: c10's Future does it for the streams its
+// callbacks run on), which the dispatcher never sees as an
+// aten::record_stream call. The race detector installs this observer so
+// that such a block, freed after its use on that stream, is known to be
+// held back for it. `data` is the block's address, `stream` the stream's
+// driver handle. No observer: one relaxed load and a branch.
+using RecordStreamObserver = void (*)(const void* data, uintptr_t stream);
+void setRecordStreamObserver(RecordStreamObserver observer) noexcept;
+RecordStreamObserver recordStreamObserver() noexcept;
+
+inline void streamRecordedOn(const void* data, uintptr_t stream) {
+  if (RecordStreamObserver observer = recordStreamObserver();
+      C10_UNLIKELY(observer != nullptr)) {
+    observer(data, stream);
+  }
+}
+
 inline const c10::impl::PyInterpreter* active() {
   const c10::impl::PyInterpreter* trace = c10::impl::GPUTrace::get_trace();
   return C10_UNLIKELY(trace != nullptr) && !tracingStopped() ? trace : nullptr;
