@@ -377,6 +377,23 @@ CASES = {
                            unary(lambda a: a.to_sparse_bsr((1, 2)).to_dense())),
     "_to_sparse_bsc": Case("aten::_to_sparse_bsc", 1,
                            unary(lambda a: a.to_sparse_bsc((1, 2)).to_dense())),
+    # --- Strided nested tensors built from dense arguments and CPU metadata
+    # (ops/NestedTensors.cpp): ATen's kernel shared by CPU and CUDA; nested
+    # results compared padded.
+    "_nested_from_padded": Case("aten::_nested_from_padded", 1, unary(
+        lambda p: torch._nested_from_padded(
+            p, torch.tensor([[2, 4], [3, 4]])).to_padded_tensor(0), (2, 3, 4))),
+    "_nested_view_from_buffer": Case("aten::_nested_view_from_buffer", 1, unary(
+        lambda b: torch._nested_view_from_buffer(
+            b, torch.tensor([[2, 3], [2, 3]]), torch.tensor([[3, 1], [3, 1]]),
+            torch.tensor([0, 6])).to_padded_tensor(0), (12,))),
+    "_nested_tensor_from_mask": Case("aten::_nested_tensor_from_mask", 2, lambda d: (
+        lambda p, m: torch._nested_tensor_from_mask(p, m > 1).to_padded_tensor(0),
+        [T((2, 3, 4), d[0]), T((2, 3), d[1])])),
+    "_nested_tensor_from_mask_left_aligned": Case(
+        "aten::_nested_tensor_from_mask_left_aligned", 2, lambda d: (
+            lambda p, m: torch._nested_tensor_from_mask_left_aligned(p, m),
+            [T((2, 3, 4), d[0]), T((2, 3), d[1])])),
     # ATen's device-generic kernel, as on CUDA: sparse=True builds a sparse
     # gradient, sparse=False calls the dense backward.
     "_embedding_bag_backward": Case("aten::_embedding_bag_backward", 2, lambda d: (
