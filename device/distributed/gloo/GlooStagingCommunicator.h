@@ -8,12 +8,21 @@
 //
 // The thread (GlooStagingThread.cpp) runs the jobs one at a time in call
 // order, the order every rank uses: it waits until the job's inputs are
-// ready (the marks of orderAfter), then pipelines the job's steps — the
-// device-to-host copy of a step, Gloo's exchange of it on Gloo's threads,
-// the host-to-device copy — and releases the stream's task. The copies are
-// ph_memcpy calls made by this host thread, ordered with the device by
-// those marks and by the task: nothing else touches a collective's
-// buffers until it has ended (NCCL's rule for its buffers).
+// ready (the marks of orderAfter), then either
+//   - zero-copy (the driver has a kernel view, and every call of the job
+//     has a direct form): waits until the job's stream task runs and has
+//     resolved the kernel views of the job's buffers, and has Gloo exchange
+//     those in place, the task holding the stream meanwhile, as a kernel
+//     would; or
+//   - staged: pipelines the job's steps — the device-to-host copy of a
+//     step, Gloo's exchange of it on Gloo's threads, the host-to-device
+//     copy — with ph_memcpy calls made by this host thread;
+// and releases the stream's task. Either way the buffers are ordered with
+// the device by those marks and by the task: nothing else touches a
+// collective's buffers until it has ended (NCCL's rule for its buffers).
+// A zero-copy job waits for its own stream to reach it; that stream only
+// holds the group's earlier jobs' tasks (ended before, in order) and their
+// completion work, so the wait cannot close a cycle.
 //
 // So no stream worker ever waits for the network except through the one
 // task per job, and the thread never waits for its own stream: back-to-back
@@ -97,6 +106,8 @@ class GlooStagingCommunicator final : public ccl::Communicator {
   // --- the communicator's thread (GlooStagingThread.cpp) ---
   void serve();
   void run(Job& job);
+  void runStaged(Job& job, Cause& cause);
+  void runZeroCopy(Job& job, Cause& cause);
   void waitForAgreement(Job& job);
   void checkSplits(const Job::SplitCheck& check) const;
   void end(Job& job);
@@ -104,6 +115,8 @@ class GlooStagingCommunicator final : public ccl::Communicator {
   void breakCommunicator(const std::string& reason);
 
   GlooStagingConfig config_;
+  // The driver offers a kernel view: jobs with a direct form run zero-copy.
+  const bool zero_copy_;
   c10::intrusive_ptr<c10d::Backend> data_;
   c10::intrusive_ptr<c10d::Backend> control_;
   PeerDiagnosis diagnosis_;

@@ -66,7 +66,14 @@ void waitAll(GlooWorks& works) {
   works.clear();
 }
 
+std::atomic<uint64_t> zero_copy_jobs{0};
+std::atomic<uint64_t> staged_jobs{0};
+
 }  // namespace
+
+DataPathCounts dataPathCounts() {
+  return {zero_copy_jobs.load(), staged_jobs.load()};
+}
 
 void GlooStagingCommunicator::serve() {
   pthread_setname_np(pthread_self(), "pccl-comm");  // in top -H, perf, gdb
@@ -109,35 +116,10 @@ void GlooStagingCommunicator::run(Job& job) {
     job.prologue();  // the fault injector's kernel
     cause = Cause::Exchange;
     waitForAgreement(job);
-
-    // The staging memory is taken here, not when the job is queued: the
-    // caller may queue many collectives ahead, and each would hold its own
-    // block (fresh pages, and memory without bound). One job at a time
-    // reuses one cached block, whose pages stay mapped and warm.
-    if (job.host_bytes > 0) {
-      job.pinned = pinnedHostAllocator()->allocate(job.host_bytes);
-    }
-    // The pipeline: step s+1 is copied in and step s-1 copied out while
-    // Gloo's threads exchange step s.
-    auto* host = static_cast<uint8_t*>(job.pinned.get());
-    const size_t steps = job.steps.size();
-    GlooWorks in_flight;
-    cause = Cause::Local;
-    copyIn(job.steps[0], host);
-    cause = Cause::Exchange;
-    job.steps[0].exchange(host, in_flight);
-    for (size_t s = 0; s < steps; ++s) {
-      if (s + 1 < steps) {
-        cause = Cause::Local;
-        copyIn(job.steps[s + 1], host);
-      }
-      cause = Cause::Exchange;
-      waitAll(in_flight);
-      if (s + 1 < steps) {
-        job.steps[s + 1].exchange(host, in_flight);
-      }
-      cause = Cause::Local;
-      copyOut(job.steps[s], host);
+    if (job.zero_copy) {
+      runZeroCopy(job, cause);
+    } else {
+      runStaged(job, cause);
     }
     end(job);
   } catch (const DisagreementError& e) {
@@ -146,6 +128,60 @@ void GlooStagingCommunicator::run(Job& job) {
     fail(job, cause, messageOf(e));
   }
   job.pinned.clear();
+}
+
+void GlooStagingCommunicator::runZeroCopy(Job& job, Cause& cause) {
+  // The views exist once the job's stream task runs: the stream has done
+  // the work queued on it before the collective, and holds still until the
+  // job has ended.
+  cause = Cause::Local;
+  {
+    std::unique_lock<std::mutex> lock(job.mutex);
+    job.ended.wait(lock, [&] { return job.view_state != Job::ViewState::Waiting; });
+    if (job.view_state == Job::ViewState::Unavailable) {
+      throw std::runtime_error(job.views_error);
+    }
+  }
+  zero_copy_jobs.fetch_add(1, std::memory_order_relaxed);
+  cause = Cause::Exchange;
+  GlooWorks in_flight;
+  for (const DirectStep& step : job.direct_steps) {
+    step.exchange(job.views, in_flight);
+    waitAll(in_flight);
+  }
+}
+
+void GlooStagingCommunicator::runStaged(Job& job, Cause& cause) {
+  staged_jobs.fetch_add(1, std::memory_order_relaxed);
+  // The staging memory is taken here, not when the job is queued: the
+  // caller may queue many collectives ahead, and each would hold its own
+  // block (fresh pages, and memory without bound). One job at a time
+  // reuses one cached block, whose pages stay mapped and warm.
+  if (job.host_bytes > 0) {
+    job.pinned = pinnedHostAllocator()->allocate(job.host_bytes);
+  }
+  // The pipeline: step s+1 is copied in and step s-1 copied out while
+  // Gloo's threads exchange step s.
+  auto* host = static_cast<uint8_t*>(job.pinned.get());
+  const size_t steps = job.steps.size();
+  GlooWorks in_flight;
+  cause = Cause::Local;
+  copyIn(job.steps[0], host);
+  cause = Cause::Exchange;
+  job.steps[0].exchange(host, in_flight);
+  for (size_t s = 0; s < steps; ++s) {
+    if (s + 1 < steps) {
+      cause = Cause::Local;
+      copyIn(job.steps[s + 1], host);
+    }
+    cause = Cause::Exchange;
+    waitAll(in_flight);
+    if (s + 1 < steps) {
+      job.steps[s + 1].exchange(host, in_flight);
+    }
+    cause = Cause::Local;
+    copyOut(job.steps[s], host);
+  }
 }
 
 void GlooStagingCommunicator::waitForAgreement(Job& job) {
