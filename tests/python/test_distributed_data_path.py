@@ -4,8 +4,9 @@ through pinned memory without one (docs/distributed.md, "How it works").
 The same worker (distributed_workers/data_path.py) runs with the fake
 driver's kernel view and without it (PHANTOM_FAKE_NO_KERNEL_VIEW=1); each
 collective must give the right result either way, and take the path the
-driver allows: zero-copy whenever there is a view (except reduce, and a
-group holding one, which always stage), staged whenever there is none.
+driver allows: zero-copy whenever there is a view (except a collective
+under 1 MiB, reduce, and a group holding one, which always stage), staged
+whenever there is none.
 """
 
 import os
@@ -16,7 +17,7 @@ from distributed_harness import check_named, run_group
 
 ZERO_COPY = ["all_reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor",
              "all_to_all_single", "send_recv"]
-ALWAYS_STAGED = ["reduce", "coalesced_with_reduce"]
+ALWAYS_STAGED = ["small_all_reduce", "reduce", "coalesced_with_reduce"]
 # Another driver (PHANTOM_DRIVER) decides for itself whether it has a view.
 FAKE_DRIVER = "PHANTOM_DRIVER" not in os.environ
 
@@ -47,6 +48,6 @@ def test_zero_copy_exactly_when_the_driver_has_a_kernel_view(group, name):
 
 
 @pytest.mark.parametrize("name", ALWAYS_STAGED)
-def test_reduce_always_stages(group, name):
+def test_small_collectives_and_reduce_always_stage(group, name):
     for o in group[1]:
         assert o.results["paths"][name] == {"zero_copy": 0, "staged": 1}, f"rank {o.rank}"

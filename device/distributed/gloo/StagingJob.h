@@ -7,8 +7,10 @@
 // while work on a stream runs), the job's stream task resolves the views of
 // the job's device buffers when the stream reaches it and holds the stream
 // while Gloo exchanges those buffers in place: no pinned block, no copies.
-// Staged: otherwise, as below. A job is zero-copy only if every call in it
-// has a direct form (DirectStep). reduce has none: Gloo's reduce leaves
+// Staged: otherwise, as below, and for jobs under 1 MiB, whose copies cost
+// less than the zero-copy hand-over (GlooStagingCalls.cpp,
+// kZeroCopyMinBytes). A job is zero-copy only if every call in it has a
+// direct form (DirectStep). reduce has none: Gloo's reduce leaves
 // partial sums in a non-root rank's buffer (torch 2.13's ProcessGroupGloo
 // does, on CPU tensors too), and pccl's reduce, like NCCL's, leaves a
 // non-root's tensor as it was.
