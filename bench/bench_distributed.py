@@ -5,7 +5,7 @@ Design. The script starts two ranks of itself on the loopback address (as
 torchrun would, with one OpenMP thread per rank) and makes one group,
 "cpu:gloo,phantom:pccl": the same call on a CPU tensor goes to Gloo, on a
 phantom tensor to pccl (which moves it with Gloo: over the device memory in
-place when the driver has a kernel view and the collective moves 1 MiB or
+place when the driver has a kernel view and the collective moves 64 KiB or
 more, else staged through pinned memory). Each case is timed as bench_perf.py times its cases: both arms
 warmed up, then interleaved rounds, each round one sample per arm, the
 order flipping every round; a sample runs the work `inner` times back to

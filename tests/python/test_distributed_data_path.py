@@ -5,7 +5,7 @@ The same worker (distributed_workers/data_path.py) runs with the fake
 driver's kernel view and without it (PHANTOM_FAKE_NO_KERNEL_VIEW=1); each
 collective must give the right result either way, and take the path the
 driver allows: zero-copy whenever there is a view (except a collective
-under 1 MiB, reduce, and a group holding one, which always stage), staged
+under 64 KiB, reduce, and a group holding one, which always stage), staged
 whenever there is none.
 """
 

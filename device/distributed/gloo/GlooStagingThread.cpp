@@ -88,11 +88,12 @@ void GlooStagingCommunicator::serve() {
       job = std::move(queue_.front());
       queue_.pop_front();
     }
-    run(*job);
+    run(job);
   }
 }
 
-void GlooStagingCommunicator::run(Job& job) {
+void GlooStagingCommunicator::run(const std::shared_ptr<Job>& shared) {
+  Job& job = *shared;
   Cause cause = Cause::Local;
   try {
     if (!job.submit_error.empty()) {
@@ -117,10 +118,21 @@ void GlooStagingCommunicator::run(Job& job) {
     cause = Cause::Exchange;
     waitForAgreement(job);
     if (job.zero_copy) {
-      runZeroCopy(job, cause);
-    } else {
-      runStaged(job, cause);
+      // A zero-copy job on another stream than the last is not ordered
+      // after it by its stream.
+      if (last_direct_ && !(last_direct_->stream == job.stream)) {
+        waitForDirect();
+      }
+      {
+        std::lock_guard<std::mutex> lock(job.mutex);
+        job.prepared = true;
+      }
+      job.ended.notify_all();
+      last_direct_ = shared;
+      return;  // the stream task runs it (runDirect)
     }
+    waitForDirect();
+    runStaged(job, cause);
     end(job);
   } catch (const DisagreementError& e) {
     fail(job, Cause::Agreement, e.what());
@@ -130,25 +142,67 @@ void GlooStagingCommunicator::run(Job& job) {
   job.pinned.clear();
 }
 
-void GlooStagingCommunicator::runZeroCopy(Job& job, Cause& cause) {
-  // The views exist once the job's stream task runs: the stream has done
-  // the work queued on it before the collective, and holds still until the
-  // job has ended.
-  cause = Cause::Local;
+void GlooStagingCommunicator::waitForDirect() {
+  if (!last_direct_) {
+    return;
+  }
+  Job& job = *last_direct_;
   {
     std::unique_lock<std::mutex> lock(job.mutex);
-    job.ended.wait(lock, [&] { return job.view_state != Job::ViewState::Waiting; });
-    if (job.view_state == Job::ViewState::Unavailable) {
-      throw std::runtime_error(job.views_error);
+    job.ended.wait(lock, [&] { return job.done.load(std::memory_order_acquire); });
+  }
+  last_direct_.reset();
+}
+
+// On the stream's worker, inside the job's stream task: the stream has run
+// the work queued on it before the collective, and holds still until the
+// task returns, so the views are valid throughout.
+void GlooStagingCommunicator::runDirect(Job& job) {
+  Cause cause = Cause::Local;
+  try {
+    if (job.views.resolve() != PH_SUCCESS) {
+      throw std::runtime_error(
+          std::string("the driver gave no kernel view of its buffers: ") +
+          ph_last_error_message());
     }
+    {
+      std::unique_lock<std::mutex> lock(job.mutex);
+      job.ended.wait(lock, [&] {
+        return job.prepared || job.done.load(std::memory_order_acquire);
+      });
+      if (job.done.load(std::memory_order_acquire)) {
+        return;  // failed while the thread prepared it
+      }
+    }
+    if (broken_.load()) {
+      cause = Cause::Broken;
+      std::lock_guard<std::mutex> lock(broken_mutex_);
+      throw std::runtime_error(broken_reason_);
+    }
+    zero_copy_jobs.fetch_add(1, std::memory_order_relaxed);
+    cause = Cause::Exchange;
+    GlooWorks in_flight;
+    for (const DirectStep& step : job.direct_steps) {
+      step.exchange(job.views, in_flight);
+      waitAll(in_flight);
+    }
+    end(job);
+  } catch (const std::exception& e) {
+    fail(job, cause, messageOf(e));
   }
-  zero_copy_jobs.fetch_add(1, std::memory_order_relaxed);
-  cause = Cause::Exchange;
-  GlooWorks in_flight;
-  for (const DirectStep& step : job.direct_steps) {
-    step.exchange(job.views, in_flight);
-    waitAll(in_flight);
+}
+
+void GlooStagingCommunicator::directReleased(Job& job, bool ran) {
+  if (!ran && !job.done.load(std::memory_order_acquire)) {
+    // The stream failed before the collective (its own error is the
+    // caller's to see); the peers must not wait for this rank.
+    fail(job, Cause::Local, "its communication stream failed before the collective started");
   }
+  {
+    std::lock_guard<std::mutex> lock(direct_mutex_);
+    --direct_outstanding_;
+  }
+  direct_done_.notify_all();
 }
 
 void GlooStagingCommunicator::runStaged(Job& job, Cause& cause) {
@@ -233,6 +287,9 @@ void GlooStagingCommunicator::end(Job& job) {
 }
 
 void GlooStagingCommunicator::fail(Job& job, Cause cause, std::string reason) {
+  if (job.done.load(std::memory_order_acquire)) {
+    return;  // a zero-copy job's thread and stream task may both fail it
+  }
   while (!reason.empty() && (reason.back() == '.' || reason.back() == ' ')) {
     reason.pop_back();
   }
@@ -254,6 +311,9 @@ void GlooStagingCommunicator::fail(Job& job, Cause cause, std::string reason) {
   }
   {
     std::lock_guard<std::mutex> lock(job.mutex);
+    if (job.done.load(std::memory_order_acquire)) {
+      return;  // a zero-copy job's thread and stream task may both fail it
+    }
     job.error = message;
     job.failed.store(true, std::memory_order_release);
     job.done.store(true, std::memory_order_release);

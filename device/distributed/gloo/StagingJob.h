@@ -5,11 +5,13 @@
 // where NCCL reads device memory directly): when the driver offers a kernel
 // view (ph_kernel_address: host-visible addresses of device memory, valid
 // while work on a stream runs), the job's stream task resolves the views of
-// the job's device buffers when the stream reaches it and holds the stream
-// while Gloo exchanges those buffers in place: no pinned block, no copies.
-// Staged: otherwise, as below, and for jobs under 1 MiB, whose copies cost
-// less than the zero-copy hand-over (GlooStagingCalls.cpp,
-// kZeroCopyMinBytes). A job is zero-copy only if every call in it has a
+// the job's device buffers when the stream reaches it and, once the
+// communicator's thread has prepared the job (inputs ready, agreement
+// checked), has Gloo exchange those buffers in place, itself, on the
+// stream's worker: no pinned block, no copies, and back-to-back collectives
+// pass from one to the next on that worker with no thread hand-over.
+// Staged: otherwise, as below, and for jobs under 64 KiB
+// (GlooStagingCalls.cpp, kZeroCopyMinBytes). A job is zero-copy only if every call in it has a
 // direct form (DirectStep). reduce has none: Gloo's reduce leaves
 // partial sums in a non-root rank's buffer (torch 2.13's ProcessGroupGloo
 // does, on CPU tensors too), and pccl's reduce, like NCCL's, leaves a
@@ -203,12 +205,13 @@ struct Job {
   // Set when queueing the job's stream task failed on this rank.
   std::string submit_error;
 
-  // A zero-copy job's views: the stream task resolves them when the stream
-  // reaches it (Resolved), or could not (Unavailable, `views_error` says
-  // why: the stream failed before it, or the driver refused).
-  enum class ViewState : uint8_t { Waiting, Resolved, Unavailable };
-  ViewState view_state = ViewState::Waiting;  // under `mutex`, signalled by `ended`
-  std::string views_error;
+  // A zero-copy job: set by the communicator's thread once its inputs are
+  // ready and the ranks agree (under `mutex`, signalled by `ended`); the
+  // stream task then runs `run_direct`. `released` runs when the stream
+  // task is released, run or not (`ran`).
+  bool prepared = false;
+  std::function<void(Job&)> run_direct;
+  std::function<void(Job&, bool ran)> released;
 
   // How it ended, shared with the task that holds the stream.
   std::mutex mutex;

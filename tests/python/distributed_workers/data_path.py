@@ -5,10 +5,9 @@ With a kernel view (the fake driver's default) pccl runs a collective
 zero-copy: Gloo works on the device memory in place, through the view.
 Without one (PHANTOM_FAKE_NO_KERNEL_VIEW=1, the remote driver, a discrete
 device) it stages through pinned host memory. A collective moving less than
-1 MiB always stages (its copies cost less than the zero-copy hand-over),
-and so does reduce (Gloo's reduce uses a non-root's buffer as scratch), and
-a coalesced group that contains one. The zero-copy checks move 1 MiB or
-more. Each check reports the job counts the collective added
+64 KiB always stages, and so does reduce (Gloo's reduce uses a non-root's
+buffer as scratch), and a coalesced group that contains one. The zero-copy
+checks move 1 MiB or more. Each check reports the job counts the collective added
 (torch_phantom._c10d._data_path_counts) next to the driver's answer, and
 checks the result on every rank.
 """
