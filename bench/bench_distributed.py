@@ -4,8 +4,9 @@ steps, world 2, in the same processes.
 Design. The script starts two ranks of itself on the loopback address (as
 torchrun would, with one OpenMP thread per rank) and makes one group,
 "cpu:gloo,phantom:pccl": the same call on a CPU tensor goes to Gloo, on a
-phantom tensor to pccl (which stages it through pinned memory and moves it
-with Gloo). Each case is timed as bench_perf.py times its cases: both arms
+phantom tensor to pccl (which moves it with Gloo: over the device memory in
+place when the driver has a kernel view and the collective moves 64 KiB or
+more, else staged through pinned memory). Each case is timed as bench_perf.py times its cases: both arms
 warmed up, then interleaved rounds, each round one sample per arm, the
 order flipping every round; a sample runs the work `inner` times back to
 back (a phantom sample ends with torch.phantom.synchronize(), so queued
@@ -125,10 +126,11 @@ def worker(args):
         inner = min_inner
         while True:
             t = sample("cpu", inner)
-            if t * 1e3 >= args.min_sample_ms or inner >= 4096:
+            # Rank 0 decides for both: ranks that decided apart would call
+            # different collectives (one the barrier, the other agree()).
+            if agree(t * 1e3 >= args.min_sample_ms or inner >= 4096):
                 break
             inner *= 2
-        inner = agree(inner)
         samples = {arm: [] for arm in arms}
         orders = [("cpu", "phantom"), ("phantom", "cpu")]
         for r in range(args.reps):

@@ -60,6 +60,15 @@ PYBIND11_MODULE(_c10d, m) {
         return c10::make_intrusive<PcclOptions>(self);
       });
 
+  // Which data path pccl's jobs took (tests/python/test_distributed_*).
+  m.def("_data_path_counts", [] {
+    const auto counts = phantom::gloo_staging::dataPathCounts();
+    py::dict out;
+    out["zero_copy"] = counts.zero_copy;
+    out["staged"] = counts.staged;
+    return out;
+  });
+
   m.def("_set_gloo_factory", [](py::function factory) {
     if (gloo_factory == nullptr) {
       gloo_factory = new py::object(std::move(factory));

@@ -16,8 +16,10 @@ when the first group is made, so importing torch_phantom costs nothing
 more. ``import torch`` already imports torch.distributed.
 
 Each group gets two Gloo process groups of its own over the group's store:
-one moves the staged data, the other carries the per-collective agreement
-check (see device/distributed/gloo/phantom/gloo_staging/GlooStaging.h).
+one moves the data (device memory in place through the driver's kernel
+view, or staged through pinned memory without one), the other carries the
+per-collective agreement check (see
+device/distributed/gloo/phantom/gloo_staging/GlooStaging.h).
 Set ``GLOO_SOCKET_IFNAME`` to choose the network interface, as for Gloo.
 See docs/distributed.md.
 """
@@ -32,8 +34,8 @@ C10D_BACKEND_NAME = "pccl"
 
 
 def _make_gloo_backends(store, rank, size, timeout):
-    """A group's two Gloo process groups over its store: one for the staged
-    data, one for the agreement check. Called from C++ when a group is made
+    """A group's two Gloo process groups over its store: one for the data,
+    one for the agreement check. Called from C++ when a group is made
     and when it is split (a DeviceMesh over a group bound to a device)."""
     import torch.distributed as dist
 

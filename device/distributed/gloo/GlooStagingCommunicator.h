@@ -8,12 +8,23 @@
 //
 // The thread (GlooStagingThread.cpp) runs the jobs one at a time in call
 // order, the order every rank uses: it waits until the job's inputs are
-// ready (the marks of orderAfter), then pipelines the job's steps — the
-// device-to-host copy of a step, Gloo's exchange of it on Gloo's threads,
-// the host-to-device copy — and releases the stream's task. The copies are
-// ph_memcpy calls made by this host thread, ordered with the device by
-// those marks and by the task: nothing else touches a collective's
-// buffers until it has ended (NCCL's rule for its buffers).
+// ready (the marks of orderAfter), then either
+//   - zero-copy (the driver has a kernel view, the job moves 64 KiB or
+//     more and every call of it has a direct form): marks the job prepared
+//     and goes on to the next; the job's stream task, when the stream
+//     reaches it, resolves the kernel views of the job's buffers, waits for
+//     that mark, and has Gloo exchange the buffers in place, holding the
+//     stream meanwhile as a kernel would; or
+//   - staged: pipelines the job's steps — the device-to-host copy of a
+//     step, Gloo's exchange of it on Gloo's threads, the host-to-device
+//     copy — with ph_memcpy calls made by this host thread;
+// and releases the stream's task. Either way the buffers are ordered with
+// the device by those marks and by the task: nothing else touches a
+// collective's buffers until it has ended (NCCL's rule for its buffers).
+// The thread never waits for a stream, except that a staged job waits for
+// the zero-copy job before it to end (so the ranks issue their data calls
+// in one order), and that job's task waits only for this thread's earlier
+// work: no cycle. A stream worker in Gloo blocks only its own stream.
 //
 // So no stream worker ever waits for the network except through the one
 // task per job, and the thread never waits for its own stream: back-to-back
@@ -96,7 +107,12 @@ class GlooStagingCommunicator final : public ccl::Communicator {
 
   // --- the communicator's thread (GlooStagingThread.cpp) ---
   void serve();
-  void run(Job& job);
+  void run(const std::shared_ptr<Job>& job);
+  void runStaged(Job& job, Cause& cause);
+  void waitForDirect();
+  // --- a zero-copy job's stream task (GlooStagingThread.cpp) ---
+  void runDirect(Job& job);
+  void directReleased(Job& job, bool ran);
   void waitForAgreement(Job& job);
   void checkSplits(const Job::SplitCheck& check) const;
   void end(Job& job);
@@ -104,6 +120,8 @@ class GlooStagingCommunicator final : public ccl::Communicator {
   void breakCommunicator(const std::string& reason);
 
   GlooStagingConfig config_;
+  // The driver offers a kernel view: jobs with a direct form run zero-copy.
+  const bool zero_copy_;
   c10::intrusive_ptr<c10d::Backend> data_;
   c10::intrusive_ptr<c10d::Backend> control_;
   PeerDiagnosis diagnosis_;
@@ -123,6 +141,15 @@ class GlooStagingCommunicator final : public ccl::Communicator {
   std::vector<std::shared_ptr<ReadyMark>> ready_;  // orderAfter's, for the next job
   std::shared_ptr<Readiness> readiness_ = std::make_shared<Readiness>();
   uint64_t collectives_ = 0;
+
+  // The last zero-copy job prepared: a staged job (whose Gloo calls this
+  // thread makes) starts after it has ended, so every rank makes its data
+  // backend's calls in one order. The thread's own.
+  std::shared_ptr<Job> last_direct_;
+  // Zero-copy jobs whose stream task has not been released yet.
+  std::mutex direct_mutex_;
+  std::condition_variable direct_done_;
+  size_t direct_outstanding_ = 0;
 
   std::mutex queue_mutex_;
   std::condition_variable queue_cv_;

@@ -66,7 +66,14 @@ void waitAll(GlooWorks& works) {
   works.clear();
 }
 
+std::atomic<uint64_t> zero_copy_jobs{0};
+std::atomic<uint64_t> staged_jobs{0};
+
 }  // namespace
+
+DataPathCounts dataPathCounts() {
+  return {zero_copy_jobs.load(), staged_jobs.load()};
+}
 
 void GlooStagingCommunicator::serve() {
   pthread_setname_np(pthread_self(), "pccl-comm");  // in top -H, perf, gdb
@@ -81,11 +88,12 @@ void GlooStagingCommunicator::serve() {
       job = std::move(queue_.front());
       queue_.pop_front();
     }
-    run(*job);
+    run(job);
   }
 }
 
-void GlooStagingCommunicator::run(Job& job) {
+void GlooStagingCommunicator::run(const std::shared_ptr<Job>& shared) {
+  Job& job = *shared;
   Cause cause = Cause::Local;
   try {
     if (!job.submit_error.empty()) {
@@ -109,36 +117,22 @@ void GlooStagingCommunicator::run(Job& job) {
     job.prologue();  // the fault injector's kernel
     cause = Cause::Exchange;
     waitForAgreement(job);
-
-    // The staging memory is taken here, not when the job is queued: the
-    // caller may queue many collectives ahead, and each would hold its own
-    // block (fresh pages, and memory without bound). One job at a time
-    // reuses one cached block, whose pages stay mapped and warm.
-    if (job.host_bytes > 0) {
-      job.pinned = pinnedHostAllocator()->allocate(job.host_bytes);
-    }
-    // The pipeline: step s+1 is copied in and step s-1 copied out while
-    // Gloo's threads exchange step s.
-    auto* host = static_cast<uint8_t*>(job.pinned.get());
-    const size_t steps = job.steps.size();
-    GlooWorks in_flight;
-    cause = Cause::Local;
-    copyIn(job.steps[0], host);
-    cause = Cause::Exchange;
-    job.steps[0].exchange(host, in_flight);
-    for (size_t s = 0; s < steps; ++s) {
-      if (s + 1 < steps) {
-        cause = Cause::Local;
-        copyIn(job.steps[s + 1], host);
+    if (job.zero_copy) {
+      // A zero-copy job on another stream than the last is not ordered
+      // after it by its stream.
+      if (last_direct_ && !(last_direct_->stream == job.stream)) {
+        waitForDirect();
       }
-      cause = Cause::Exchange;
-      waitAll(in_flight);
-      if (s + 1 < steps) {
-        job.steps[s + 1].exchange(host, in_flight);
+      {
+        std::lock_guard<std::mutex> lock(job.mutex);
+        job.prepared = true;
       }
-      cause = Cause::Local;
-      copyOut(job.steps[s], host);
+      job.ended.notify_all();
+      last_direct_ = shared;
+      return;  // the stream task runs it (runDirect)
     }
+    waitForDirect();
+    runStaged(job, cause);
     end(job);
   } catch (const DisagreementError& e) {
     fail(job, Cause::Agreement, e.what());
@@ -146,6 +140,102 @@ void GlooStagingCommunicator::run(Job& job) {
     fail(job, cause, messageOf(e));
   }
   job.pinned.clear();
+}
+
+void GlooStagingCommunicator::waitForDirect() {
+  if (!last_direct_) {
+    return;
+  }
+  Job& job = *last_direct_;
+  {
+    std::unique_lock<std::mutex> lock(job.mutex);
+    job.ended.wait(lock, [&] { return job.done.load(std::memory_order_acquire); });
+  }
+  last_direct_.reset();
+}
+
+// On the stream's worker, inside the job's stream task: the stream has run
+// the work queued on it before the collective, and holds still until the
+// task returns, so the views are valid throughout.
+void GlooStagingCommunicator::runDirect(Job& job) {
+  Cause cause = Cause::Local;
+  try {
+    if (job.views.resolve() != PH_SUCCESS) {
+      throw std::runtime_error(
+          std::string("the driver gave no kernel view of its buffers: ") +
+          ph_last_error_message());
+    }
+    {
+      std::unique_lock<std::mutex> lock(job.mutex);
+      job.ended.wait(lock, [&] {
+        return job.prepared || job.done.load(std::memory_order_acquire);
+      });
+      if (job.done.load(std::memory_order_acquire)) {
+        return;  // failed while the thread prepared it
+      }
+    }
+    if (broken_.load()) {
+      cause = Cause::Broken;
+      std::lock_guard<std::mutex> lock(broken_mutex_);
+      throw std::runtime_error(broken_reason_);
+    }
+    zero_copy_jobs.fetch_add(1, std::memory_order_relaxed);
+    cause = Cause::Exchange;
+    GlooWorks in_flight;
+    for (const DirectStep& step : job.direct_steps) {
+      step.exchange(job.views, in_flight);
+      waitAll(in_flight);
+    }
+    end(job);
+  } catch (const std::exception& e) {
+    fail(job, cause, messageOf(e));
+  }
+}
+
+void GlooStagingCommunicator::directReleased(Job& job, bool ran) {
+  if (!ran && !job.done.load(std::memory_order_acquire)) {
+    // The stream failed before the collective (its own error is the
+    // caller's to see); the peers must not wait for this rank.
+    fail(job, Cause::Local, "its communication stream failed before the collective started");
+  }
+  {
+    std::lock_guard<std::mutex> lock(direct_mutex_);
+    --direct_outstanding_;
+  }
+  direct_done_.notify_all();
+}
+
+void GlooStagingCommunicator::runStaged(Job& job, Cause& cause) {
+  staged_jobs.fetch_add(1, std::memory_order_relaxed);
+  // The staging memory is taken here, not when the job is queued: the
+  // caller may queue many collectives ahead, and each would hold its own
+  // block (fresh pages, and memory without bound). One job at a time
+  // reuses one cached block, whose pages stay mapped and warm.
+  if (job.host_bytes > 0) {
+    job.pinned = pinnedHostAllocator()->allocate(job.host_bytes);
+  }
+  // The pipeline: step s+1 is copied in and step s-1 copied out while
+  // Gloo's threads exchange step s.
+  auto* host = static_cast<uint8_t*>(job.pinned.get());
+  const size_t steps = job.steps.size();
+  GlooWorks in_flight;
+  cause = Cause::Local;
+  copyIn(job.steps[0], host);
+  cause = Cause::Exchange;
+  job.steps[0].exchange(host, in_flight);
+  for (size_t s = 0; s < steps; ++s) {
+    if (s + 1 < steps) {
+      cause = Cause::Local;
+      copyIn(job.steps[s + 1], host);
+    }
+    cause = Cause::Exchange;
+    waitAll(in_flight);
+    if (s + 1 < steps) {
+      job.steps[s + 1].exchange(host, in_flight);
+    }
+    cause = Cause::Local;
+    copyOut(job.steps[s], host);
+  }
 }
 
 void GlooStagingCommunicator::waitForAgreement(Job& job) {
@@ -197,6 +287,9 @@ void GlooStagingCommunicator::end(Job& job) {
 }
 
 void GlooStagingCommunicator::fail(Job& job, Cause cause, std::string reason) {
+  if (job.done.load(std::memory_order_acquire)) {
+    return;  // a zero-copy job's thread and stream task may both fail it
+  }
   while (!reason.empty() && (reason.back() == '.' || reason.back() == ' ')) {
     reason.pop_back();
   }
@@ -218,6 +311,9 @@ void GlooStagingCommunicator::fail(Job& job, Cause cause, std::string reason) {
   }
   {
     std::lock_guard<std::mutex> lock(job.mutex);
+    if (job.done.load(std::memory_order_acquire)) {
+      return;  // a zero-copy job's thread and stream task may both fail it
+    }
     job.error = message;
     job.failed.store(true, std::memory_order_release);
     job.done.store(true, std::memory_order_release);

@@ -1,6 +1,22 @@
 // What the Gloo staging communicator queues: a job per collective (or per
 // group of calls between groupStart and groupEnd), cut into steps.
 //
+// A job runs one of two ways. Zero-copy (the analogue of GPUDirect RDMA,
+// where NCCL reads device memory directly): when the driver offers a kernel
+// view (ph_kernel_address: host-visible addresses of device memory, valid
+// while work on a stream runs), the job's stream task resolves the views of
+// the job's device buffers when the stream reaches it and, once the
+// communicator's thread has prepared the job (inputs ready, agreement
+// checked), has Gloo exchange those buffers in place, itself, on the
+// stream's worker: no pinned block, no copies, and back-to-back collectives
+// pass from one to the next on that worker with no thread hand-over.
+// Staged: otherwise, as below, and for jobs under 64 KiB
+// (GlooStagingCalls.cpp, kZeroCopyMinBytes). A job is zero-copy only if every call in it has a
+// direct form (DirectStep). reduce has none: Gloo's reduce leaves
+// partial sums in a non-root rank's buffer (torch 2.13's ProcessGroupGloo
+// does, on CPU tensors too), and pccl's reduce, like NCCL's, leaves a
+// non-root's tensor as it was.
+//
 // A step copies some device ranges into pinned host memory, exchanges that
 // memory with Gloo, and copies some ranges back. The communicator's thread
 // runs the steps as a pipeline: while Gloo's threads exchange step s, it
@@ -34,6 +50,7 @@
 #include <functional>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace phantom::gloo_staging {
@@ -95,6 +112,52 @@ struct Step {
   bool point_to_point = false;  // merged with the group's other sends/recvs
 };
 
+// Host-visible addresses of a zero-copy job's device buffers, resolved by
+// the job's stream task (ph_kernel_address is only valid inside stream
+// work) and valid while that task runs, which is until the job has ended.
+class KernelViews {
+ public:
+  // Registers a device buffer the job's direct steps will reach.
+  void need(const void* device, size_t bytes) {
+    if (bytes > 0) {
+      needed_.push_back(device);
+    }
+  }
+  // Inside the stream task: resolves every registered buffer. Returns the
+  // failing status (ph_last_error_message says why) or PH_SUCCESS.
+  ph_status_t resolve() {
+    for (const void* device : needed_) {
+      void* view = nullptr;
+      const ph_status_t status = ph_kernel_address(device, &view);
+      if (status != PH_SUCCESS) {
+        return status;
+      }
+      views_.emplace_back(device, static_cast<uint8_t*>(view));
+    }
+    return PH_SUCCESS;
+  }
+  // The view of a registered buffer (nullptr for an empty one).
+  uint8_t* at(const void* device) const {
+    for (const auto& [d, view] : views_) {
+      if (d == device) {
+        return view;
+      }
+    }
+    return nullptr;
+  }
+
+ private:
+  std::vector<const void*> needed_;
+  std::vector<std::pair<const void*, uint8_t*>> views_;
+};
+
+// A step of a zero-copy job: starts Gloo's exchange directly over the
+// views of the device buffers and appends the Gloo works to wait for.
+struct DirectStep {
+  std::function<void(const KernelViews& views, GlooWorks& works)> exchange;
+  bool point_to_point = false;  // merged with the group's other sends/recvs
+};
+
 struct Job {
   // Collectives are numbered in call order (the same on every rank);
   // point-to-point jobs carry the number of the last collective before them.
@@ -103,6 +166,12 @@ struct Job {
   std::vector<CallRecord> calls;
   std::vector<Step> steps;
   size_t host_bytes = 0;
+  // The zero-copy form: used when the communicator runs zero-copy and
+  // every call had one (`direct_capable`); decided when the job is queued.
+  std::vector<DirectStep> direct_steps;
+  KernelViews views;
+  bool direct_capable = true;
+  bool zero_copy = false;
   c10::DataPtr pinned;  // taken and freed by the communicator's thread
   PhantomStream stream;
   // One per stream the job was ordered after: its inputs are ready once
@@ -135,6 +204,14 @@ struct Job {
   std::function<void()> prologue;
   // Set when queueing the job's stream task failed on this rank.
   std::string submit_error;
+
+  // A zero-copy job: set by the communicator's thread once its inputs are
+  // ready and the ranks agree (under `mutex`, signalled by `ended`); the
+  // stream task then runs `run_direct`. `released` runs when the stream
+  // task is released, run or not (`ran`).
+  bool prepared = false;
+  std::function<void(Job&)> run_direct;
+  std::function<void(Job&, bool ran)> released;
 
   // How it ended, shared with the task that holds the stream.
   std::mutex mutex;

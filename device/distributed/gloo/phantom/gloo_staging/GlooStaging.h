@@ -1,7 +1,9 @@
 // phantom's implementation of the collective-library seam
-// (phantom/ccl/Communicator.h): device data staged through pinned host
-// memory and moved by Gloo, over TCP, so it runs across machines as it runs
-// across processes.
+// (phantom/ccl/Communicator.h): device data moved by Gloo, over TCP, so it
+// runs across machines as it runs across processes. When the driver has a
+// kernel view (ph_kernel_address), Gloo works on the device memory in
+// place (zero-copy); otherwise the data is staged through pinned host
+// memory (StagingJob.h).
 //
 // Gloo comes in as two CPU c10d backends (torch's ProcessGroupGloo, built by
 // the Python side because the wheel ships no Gloo headers): `data` moves
@@ -20,6 +22,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -49,5 +52,14 @@ struct GlooStagingConfig {
 
 std::unique_ptr<ccl::Communicator> makeGlooStagingCommunicator(
     GlooStagingConfig config);
+
+// How many jobs (a collective, a send or receive, or a group of calls) this
+// process's communicators ran zero-copy, over the device memory's kernel
+// view, and how many staged through pinned memory: which data path ran.
+struct DataPathCounts {
+  uint64_t zero_copy = 0;
+  uint64_t staged = 0;
+};
+DataPathCounts dataPathCounts();
 
 }  // namespace phantom::gloo_staging

@@ -1,0 +1,123 @@
+"""Which data path each collective takes, and that it leaves the caller's
+tensors as NCCL would.
+
+With a kernel view (the fake driver's default) pccl runs a collective
+zero-copy: Gloo works on the device memory in place, through the view.
+Without one (PHANTOM_FAKE_NO_KERNEL_VIEW=1, the remote driver, a discrete
+device) it stages through pinned host memory. A collective moving less than
+64 KiB always stages, and so does reduce (Gloo's reduce uses a non-root's
+buffer as scratch), and a coalesced group that contains one. The zero-copy
+checks move 1 MiB or more. Each check reports the job counts the collective added
+(torch_phantom._c10d._data_path_counts) next to the driver's answer, and
+checks the result on every rank.
+"""
+
+import datetime
+
+from common import RANK, WORLD, Checks, assert_equal, device, dist, torch
+
+import torch_phantom
+from torch_phantom import _c10d
+
+dist.init_process_group("pccl", timeout=datetime.timedelta(seconds=60))
+N = 1 << 18  # elements: 1 MiB of float32
+DEV = device()
+checks = Checks()
+paths = {}
+
+
+def ran(name, fn):
+    """Runs fn (collectives on DEV) and records the jobs it added per path."""
+    torch.phantom.synchronize(DEV)
+    before = _c10d._data_path_counts()
+    fn()
+    torch.phantom.synchronize(DEV)
+    after = _c10d._data_path_counts()
+    paths[name] = {k: after[k] - before[k] for k in after}
+
+
+def all_reduce():
+    t = torch.full((3_000_001,), float(RANK + 1), device=DEV)  # 12 MB: once chunked
+    ran("all_reduce", lambda: dist.all_reduce(t))
+    assert_equal(t, torch.full((3_000_001,), float(WORLD * (WORLD + 1) // 2)), "all_reduce")
+
+
+def small_all_reduce():
+    t = torch.full((1000,), float(RANK + 1), device=DEV)
+    ran("small_all_reduce", lambda: dist.all_reduce(t))
+    assert_equal(t, torch.full((1000,), float(WORLD * (WORLD + 1) // 2)), "small all_reduce")
+
+
+def broadcast():
+    t = torch.full((N,), float(RANK), device=DEV)
+    ran("broadcast", lambda: dist.broadcast(t, src=WORLD - 1))
+    assert_equal(t, torch.full((N,), float(WORLD - 1)), "broadcast")
+
+
+def all_gather_into_tensor():
+    mine = torch.full((N,), RANK, dtype=torch.int32, device=DEV)
+    out = torch.empty(N * WORLD, dtype=torch.int32, device=DEV)
+    ran("all_gather_into_tensor", lambda: dist.all_gather_into_tensor(out, mine))
+    assert_equal(out, torch.arange(WORLD, dtype=torch.int32).repeat_interleave(N), "gathered")
+    assert_equal(mine, torch.full((N,), RANK, dtype=torch.int32), "all_gather's input")
+
+
+def reduce_scatter_tensor():
+    ins = torch.arange(N * WORLD, dtype=torch.float32, device=DEV) + RANK
+    expected_in = ins.cpu()
+    out = torch.empty(N, device=DEV)
+    ran("reduce_scatter_tensor", lambda: dist.reduce_scatter_tensor(out, ins))
+    rows = torch.arange(N * WORLD, dtype=torch.float32).view(WORLD, N)[RANK]
+    assert_equal(out, rows * WORLD + sum(range(WORLD)), "reduce_scatter_tensor")
+    assert_equal(ins, expected_in, "reduce_scatter's input")
+
+
+def all_to_all_single():
+    ins = torch.arange(WORLD * N, dtype=torch.float64, device=DEV) + 10 * N * RANK
+    out = torch.empty(WORLD * N, dtype=torch.float64, device=DEV)
+    ran("all_to_all_single", lambda: dist.all_to_all_single(out, ins))
+    expected = torch.cat([torch.arange(RANK * N, RANK * N + N, dtype=torch.float64) + 10 * N * p
+                          for p in range(WORLD)])
+    assert_equal(out, expected, "all_to_all_single")
+
+
+def send_recv():
+    t = torch.full((N,), float(RANK), device=DEV)
+    peer = (RANK + 1) % WORLD
+    source = (RANK - 1) % WORLD
+    got = torch.empty(N, device=DEV)
+    ran("send_recv", lambda: dist.batch_isend_irecv(
+        [dist.P2POp(dist.isend, t, peer), dist.P2POp(dist.irecv, got, source)])[-1].wait())
+    assert_equal(got, torch.full((N,), float(source)), "received")
+
+
+def reduce():
+    t = torch.full((N,), float(RANK + 1), device=DEV)
+    ran("reduce", lambda: dist.reduce(t, dst=0))
+    # The root gets the sum; the others keep their input (NCCL's rule),
+    # which Gloo working in place on their buffer would break.
+    expected = WORLD * (WORLD + 1) // 2 if RANK == 0 else RANK + 1
+    assert_equal(t, torch.full((N,), float(expected)), "reduce")
+
+
+def coalesced_with_reduce():
+    a = torch.ones(N, device=DEV)
+    b = torch.full((N,), float(RANK + 1), device=DEV)
+
+    def both():
+        with dist._coalescing_manager(device=DEV, async_ops=True) as cm:
+            dist.all_reduce(a)
+            dist.reduce(b, dst=0, async_op=True)
+        cm.wait()
+    ran("coalesced_with_reduce", both)
+    assert_equal(a, torch.full((N,), float(WORLD)), "coalesced all_reduce")
+    expected = WORLD * (WORLD + 1) // 2 if RANK == 0 else RANK + 1
+    assert_equal(b, torch.full((N,), float(expected)), "coalesced reduce")
+
+
+for check in (all_reduce, small_all_reduce, broadcast, all_gather_into_tensor, reduce_scatter_tensor,
+              all_to_all_single, send_recv, reduce, coalesced_with_reduce):
+    checks.run(check.__name__, check)
+
+checks.report(paths=paths, kernel_view=torch_phantom._C._has_kernel_view())
+dist.destroy_process_group()
