@@ -75,6 +75,8 @@ def test_two_readings_in_a_row_cover_the_same_period():
 
 
 @NEEDS_TELEMETRY
+@pytest.mark.requires_kernel_view(
+    "a device-to-device copy is a compute task (the copy kernel) only over the kernel view; without one it is the driver's copy")
 def test_memory_usage_follows_copies():
     source = torch.empty(64 * MiB, dtype=torch.uint8, device="phantom")
     target = torch.empty_like(source)

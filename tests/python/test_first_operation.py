@@ -197,6 +197,8 @@ print(json.dumps({"shapes": shapes, "meta_calls": len(meta_calls)}))
     assert result == {"shapes": [[[2], [2], True], [[4], [4], True]], "meta_calls": 0}
 
 
+@pytest.mark.requires_kernel_view(
+    "without a kernel view the op runs on host copies at the call: no trial run, no Meta kernel")
 def test_first_call_of_an_op_whose_outputs_depend_on_integer_values_asks_its_meta_kernel():
     # `_padded_dense_to_jagged_forward` without `total_L` returns as many
     # rows as its offsets' last value says, and ATen does not tag it as
