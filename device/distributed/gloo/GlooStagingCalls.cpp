@@ -69,6 +69,32 @@ c10d::ReduceOp toC10d(ReduceOp op) {
   return c10d::ReduceOp::SUM;
 }
 
+// The Gloo call of the collectives that run both staged and zero-copy: the
+// same call whichever memory the tensors view (a staging buffer, or the
+// device memory through the kernel view).
+c10::intrusive_ptr<c10d::Work> glooAllReduce(c10d::Backend& gloo, at::Tensor tensor,
+                                             ReduceOp op) {
+  std::vector<at::Tensor> tensors{std::move(tensor)};
+  c10d::AllreduceOptions options;
+  options.reduceOp = toC10d(op);
+  return gloo.allreduce(tensors, options);
+}
+
+c10::intrusive_ptr<c10d::Work> glooBroadcast(c10d::Backend& gloo, at::Tensor tensor,
+                                             int root) {
+  std::vector<at::Tensor> tensors{std::move(tensor)};
+  c10d::BroadcastOptions options;
+  options.rootRank = root;
+  return gloo.broadcast(tensors, options);
+}
+
+c10::intrusive_ptr<c10d::Work> glooReduceScatter(c10d::Backend& gloo, at::Tensor out,
+                                                 at::Tensor in, ReduceOp op) {
+  c10d::ReduceScatterOptions options;
+  options.reduceOp = toC10d(op);
+  return gloo._reduce_scatter_base(out, in, options);
+}
+
 // [first element, element count) of each chunk of `count` elements.
 std::vector<std::pair<int64_t, int64_t>> chunksOf(int64_t count,
                                                   size_t element_size) {
@@ -294,10 +320,8 @@ void GlooStagingCommunicator::allReduce(const DeviceBuffer& send,
               step.to_device = {{advance(recv.data, first * es), offset, n * es}};
               step.exchange = [this, offset, n = n, dtype = send.dtype, op](
                                   uint8_t* host, GlooWorks& works) {
-                std::vector<at::Tensor> tensors{hostView(host, offset, n, dtype)};
-                c10d::AllreduceOptions options;
-                options.reduceOp = toC10d(op);
-                works.push_back(data()->allreduce(tensors, options));
+                works.push_back(
+                    glooAllReduce(*data(), hostView(host, offset, n, dtype), op));
               };
               job.steps.push_back(std::move(step));
             }
@@ -313,10 +337,7 @@ void GlooStagingCommunicator::allReduce(const DeviceBuffer& send,
               if (in_device != out_device) {
                 out.copy_(viewOf(views, in_device, n, dtype));
               }
-              std::vector<at::Tensor> tensors{out};
-              c10d::AllreduceOptions options;
-              options.reduceOp = toC10d(op);
-              works.push_back(data()->allreduce(tensors, options));
+              works.push_back(glooAllReduce(*data(), out, op));
             };
             job.direct_steps.push_back(std::move(direct));
           });
@@ -335,11 +356,9 @@ void GlooStagingCommunicator::broadcast(const DeviceBuffer& buffer, int root,
               (is_root ? step.to_host : step.to_device).push_back(transfer);
               step.exchange = [this, offset, bytes = n * es, root](uint8_t* host,
                                                                    GlooWorks& works) {
-                std::vector<at::Tensor> tensors{
-                    hostView(host, offset, static_cast<int64_t>(bytes), c10::kByte)};
-                c10d::BroadcastOptions options;
-                options.rootRank = root;
-                works.push_back(data()->broadcast(tensors, options));
+                works.push_back(glooBroadcast(
+                    *data(), hostView(host, offset, static_cast<int64_t>(bytes), c10::kByte),
+                    root));
               };
               job.steps.push_back(std::move(step));
             }
@@ -347,11 +366,9 @@ void GlooStagingCommunicator::broadcast(const DeviceBuffer& buffer, int root,
             DirectStep direct;
             direct.exchange = [this, device = buffer.data, bytes = buffer.bytes(), root](
                                   const KernelViews& views, GlooWorks& works) {
-              std::vector<at::Tensor> tensors{
-                  viewOf(views, device, static_cast<int64_t>(bytes), c10::kByte)};
-              c10d::BroadcastOptions options;
-              options.rootRank = root;
-              works.push_back(data()->broadcast(tensors, options));
+              works.push_back(glooBroadcast(
+                  *data(), viewOf(views, device, static_cast<int64_t>(bytes), c10::kByte),
+                  root));
             };
             job.direct_steps.push_back(std::move(direct));
           });
@@ -432,11 +449,9 @@ void GlooStagingCommunicator::reduceScatter(const DeviceBuffer& send,
             step.exchange = [this, base, out_offset, count = recv.count,
                              size = config_.size, dtype = recv.dtype,
                              op](uint8_t* host, GlooWorks& works) {
-              at::Tensor in = hostView(host, base, count * size, dtype);
-              at::Tensor out = hostView(host, out_offset, count, dtype);
-              c10d::ReduceScatterOptions options;
-              options.reduceOp = toC10d(op);
-              works.push_back(data()->_reduce_scatter_base(out, in, options));
+              works.push_back(glooReduceScatter(
+                  *data(), hostView(host, out_offset, count, dtype),
+                  hostView(host, base, count * size, dtype), op));
             };
             job.steps.push_back(std::move(step));
             job.views.need(send.data, in_bytes);
@@ -446,11 +461,9 @@ void GlooStagingCommunicator::reduceScatter(const DeviceBuffer& send,
                                count = recv.count, size = config_.size,
                                dtype = recv.dtype,
                                op](const KernelViews& views, GlooWorks& works) {
-              at::Tensor in = viewOf(views, in_device, count * size, dtype);
-              at::Tensor out = viewOf(views, out_device, count, dtype);
-              c10d::ReduceScatterOptions options;
-              options.reduceOp = toC10d(op);
-              works.push_back(data()->_reduce_scatter_base(out, in, options));
+              works.push_back(glooReduceScatter(
+                  *data(), viewOf(views, out_device, count, dtype),
+                  viewOf(views, in_device, count * size, dtype), op));
             };
             job.direct_steps.push_back(std::move(direct));
           });
