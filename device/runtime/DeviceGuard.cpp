@@ -115,8 +115,10 @@ struct PhantomGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   void recordDataPtrOnStream(const c10::DataPtr& data,
                              const c10::Stream& stream) const override {
     deviceAllocator().recordStream(data, stream);
-    gpu_trace::streamRecordedOn(data.get(),
-                                gpu_trace::id(PhantomStream(stream).handle()));
+    if (gpu_trace::recordStreamObserver() != nullptr) {  // the race detector
+      gpu_trace::streamRecordedOn(data.get(),
+                                  gpu_trace::id(PhantomStream(stream).handle()));
+    }
   }
 
   void record(void** event, const c10::Stream& stream,
