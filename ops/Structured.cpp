@@ -1,6 +1,7 @@
 // Native kernels for structured ops whose Meta kernel is Python in torch
-// 2.13: matrix products, reductions, softmax, a few activations and their
-// backwards, and cat.
+// 2.13, or whose generic-path call costs the host more than the op: matrix
+// products, reductions, softmax, a few activations and their backwards,
+// negation, reciprocal, pow by a scalar, comparisons, dot, max, and cat.
 //
 // ATen's structured ops split into a meta function (checks the arguments,
 // computes the output's shape, strides and dtype) shared by every backend,
@@ -45,6 +46,27 @@
 #include <ATen/ops/cat_cpu_dispatch.h>
 #include <ATen/ops/cat_meta_dispatch.h>
 #include <ATen/ops/empty_strided.h>
+#include <ATen/ops/dot_cpu_dispatch.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/eq_cpu_dispatch.h>
+#include <ATen/ops/eq_meta_dispatch.h>
+#include <ATen/ops/ge_cpu_dispatch.h>
+#include <ATen/ops/ge_meta_dispatch.h>
+#include <ATen/ops/gt_cpu_dispatch.h>
+#include <ATen/ops/gt_meta_dispatch.h>
+#include <ATen/ops/le_cpu_dispatch.h>
+#include <ATen/ops/le_meta_dispatch.h>
+#include <ATen/ops/lt_cpu_dispatch.h>
+#include <ATen/ops/lt_meta_dispatch.h>
+#include <ATen/ops/max_cpu_dispatch.h>
+#include <ATen/ops/ne_cpu_dispatch.h>
+#include <ATen/ops/ne_meta_dispatch.h>
+#include <ATen/ops/neg_cpu_dispatch.h>
+#include <ATen/ops/neg_meta_dispatch.h>
+#include <ATen/ops/pow_cpu_dispatch.h>
+#include <ATen/ops/pow_meta_dispatch.h>
+#include <ATen/ops/reciprocal_cpu_dispatch.h>
+#include <ATen/ops/reciprocal_meta_dispatch.h>
 #include <ATen/native/Gelu.h>
 #include <ATen/ops/gelu_backward_cpu_dispatch.h>
 #include <ATen/ops/gelu_backward_meta_dispatch.h>
@@ -437,6 +459,105 @@ T geluBackward(const T& grad_output, const T& self, c10::string_view approximate
       [&] { return boxArguments(grad_output, self, approximate); });
 }
 
+// --- pointwise math and comparisons --------------------------------------
+// The small ops of optimizer and line-search code (LBFGS: a negated
+// gradient, reciprocals, squares, and comparisons read back as bools).
+
+NativeOp neg_native("aten::neg");
+T neg(const T& self) {
+  return runStructured<1>(
+      neg_native, "", {&self},
+      CallSignature(), {},
+      [](const Metas<1>& m) { return at::meta::neg(m[0]); },
+      [](T& out, const Metas<1>& in) { at::cpu::neg_out(out, in[0]); },
+      [&] { return boxArguments(self); });
+}
+
+NativeOp reciprocal_native("aten::reciprocal");
+T reciprocal(const T& self) {
+  return runStructured<1>(
+      reciprocal_native, "", {&self},
+      CallSignature(), {},
+      [](const Metas<1>& m) { return at::meta::reciprocal(m[0]); },
+      [](T& out, const Metas<1>& in) { at::cpu::reciprocal_out(out, in[0]); },
+      [&] { return boxArguments(self); });
+}
+
+NativeOp pow_native("aten::pow");
+T powScalar(const T& self, const at::Scalar& exponent) {
+  return runStructured<1>(
+      pow_native, "Tensor_Scalar", {&self},
+      CallSignature(), {exponent},
+      [&](const Metas<1>& m) { return at::meta::pow(m[0], exponent); },
+      [exponent](T& out, const Metas<1>& in) {
+        at::cpu::pow_out(out, in[0], exponent);
+      },
+      [&] { return boxArguments(self, exponent); });
+}
+
+// dot and max() have no meta function: their 0-dim output is made here,
+// after the checks the CPU makes at the call (any failing one declines,
+// and the generic path raises the CPU's own message).
+NativeOp dot_native("aten::dot");
+T dot(const T& self, const T& other) {
+  return runStructured<2>(
+      dot_native, "", {&self, &other},
+      CallSignature(), {},
+      [](const Metas<2>& m) {
+        TORCH_CHECK(m[0].dim() == 1 && m[1].dim() == 1 &&
+                    m[0].scalar_type() == m[1].scalar_type() &&
+                    m[0].numel() == m[1].numel());
+        return at::empty({}, m[0].options());
+      },
+      [](T& out, const Metas<2>& in) { out.copy_(at::cpu::dot(in[0], in[1])); },
+      [&] { return boxArguments(self, other); });
+}
+
+NativeOp max_native("aten::max");
+T maxAll(const T& self) {
+  return runStructured<1>(
+      max_native, "", {&self},
+      CallSignature(), {},
+      [](const Metas<1>& m) {
+        TORCH_CHECK(m[0].numel() > 0);
+        return at::empty({}, m[0].options());
+      },
+      [](T& out, const Metas<1>& in) { at::cpu::max_out(out, in[0]); },
+      [&] { return boxArguments(self); });
+}
+
+// eq, ne, lt, le, gt, ge: a Tensor and a Scalar overload each, with their
+// own admissions (the signatures differ in kind, not only in dtypes).
+#define PHANTOM_NATIVE_COMPARISON(op)                                        \
+  NativeOp op##_tensor_native("aten::" #op);                                \
+  T op##Tensor(const T& self, const T& other) {                              \
+    return runStructured<2>(                                                 \
+        op##_tensor_native, "Tensor", {&self, &other}, CallSignature(), {},  \
+        [](const Metas<2>& m) { return at::meta::op(m[0], m[1]); },          \
+        [](T& out, const Metas<2>& in) {                                     \
+          at::cpu::op##_out(out, in[0], in[1]);                              \
+        },                                                                   \
+        [&] { return boxArguments(self, other); });                          \
+  }                                                                          \
+  NativeOp op##_scalar_native("aten::" #op);                                \
+  T op##Scalar(const T& self, const at::Scalar& other) {                     \
+    return runStructured<1>(                                                 \
+        op##_scalar_native, "Scalar", {&self}, CallSignature(), {other},     \
+        [&](const Metas<1>& m) { return at::meta::op(m[0], other); },        \
+        [other](T& out, const Metas<1>& in) {                                \
+          at::cpu::op##_out(out, in[0], other);                              \
+        },                                                                   \
+        [&] { return boxArguments(self, other); });                          \
+  }
+
+PHANTOM_NATIVE_COMPARISON(eq)
+PHANTOM_NATIVE_COMPARISON(ne)
+PHANTOM_NATIVE_COMPARISON(lt)
+PHANTOM_NATIVE_COMPARISON(le)
+PHANTOM_NATIVE_COMPARISON(gt)
+PHANTOM_NATIVE_COMPARISON(ge)
+#undef PHANTOM_NATIVE_COMPARISON
+
 // --- concatenation (a list of inputs) -------------------------------------
 
 NativeOp cat_native("aten::cat");
@@ -536,6 +657,23 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("sigmoid_backward", TORCH_FN(sigmoidBackward));
   m.impl("tanh_backward", TORCH_FN(tanhBackward));
   m.impl("gelu_backward", TORCH_FN(geluBackward));
+  m.impl("neg", TORCH_FN(neg));
+  m.impl("reciprocal", TORCH_FN(reciprocal));
+  m.impl("pow.Tensor_Scalar", TORCH_FN(powScalar));
+  m.impl("dot", TORCH_FN(dot));
+  m.impl("max", TORCH_FN(maxAll));
+  m.impl("eq.Tensor", TORCH_FN(eqTensor));
+  m.impl("eq.Scalar", TORCH_FN(eqScalar));
+  m.impl("ne.Tensor", TORCH_FN(neTensor));
+  m.impl("ne.Scalar", TORCH_FN(neScalar));
+  m.impl("lt.Tensor", TORCH_FN(ltTensor));
+  m.impl("lt.Scalar", TORCH_FN(ltScalar));
+  m.impl("le.Tensor", TORCH_FN(leTensor));
+  m.impl("le.Scalar", TORCH_FN(leScalar));
+  m.impl("gt.Tensor", TORCH_FN(gtTensor));
+  m.impl("gt.Scalar", TORCH_FN(gtScalar));
+  m.impl("ge.Tensor", TORCH_FN(geTensor));
+  m.impl("ge.Scalar", TORCH_FN(geScalar));
 }
 
 }  // namespace phantom

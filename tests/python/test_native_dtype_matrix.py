@@ -218,6 +218,20 @@ CASES = {
         torch.ops.aten.tanh_backward, (3, 4), (3, 4))),
     "gelu_backward": Case("aten::gelu_backward", 2, binary(
         torch.ops.aten.gelu_backward, (3, 4), (3, 4))),
+    "dot": Case("aten::dot", 2, binary(torch.dot, (4,), (4,))),
+    "dot-sizes": Case("aten::dot", 2, binary(torch.dot, (4,), (3,))),
+    "max": Case("aten::max", 1, unary(torch.max)),
+    "max-empty": Case("aten::max", 1, lambda d: (torch.max, [T((0,), d[0])])),
+    "neg": Case("aten::neg", 1, unary(torch.neg)),
+    "reciprocal": Case("aten::reciprocal", 1, unary(torch.reciprocal)),
+    **{f"pow-scalar-{kind}": Case(
+        "aten::pow.Tensor_Scalar", 1, unary(lambda a, v=v: torch.pow(a, v)))
+       for kind, v in SCALARS.items()},
+    **{f"{name}": Case(f"aten::{name}.Tensor", 2, binary(getattr(torch, name)))
+       for name in ("eq", "ne", "lt", "le", "gt", "ge")},
+    **{f"{name}-scalar-{kind}": Case(
+        f"aten::{name}.Scalar", 1, unary(lambda a, op=getattr(torch, name), v=v: op(a, v)))
+       for name in ("eq", "ne", "lt", "le", "gt", "ge") for kind, v in SCALARS.items()},
     "cat": Case("aten::cat", 2, binary(lambda a, b: torch.cat([a, b]), (2, 4), (3, 4))),
     "cat-dim1": Case("aten::cat", 2, binary(lambda a, b: torch.cat([a, b], 1), (2, 4), (2, 1))),
     # --- ops/LayerNorm.cpp

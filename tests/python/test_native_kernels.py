@@ -61,6 +61,18 @@ CASES = [
     ("aten::sigmoid", lambda a, b, c: torch.sigmoid(a), ((6, 5), (1,), (1,))),
     ("aten::tanh", lambda a, b, c: torch.tanh(a), ((6, 5), (1,), (1,))),
     ("aten::gelu", lambda a, b, c: F.gelu(a, approximate="tanh"), ((6, 5), (1,), (1,))),
+    ("aten::neg", lambda a, b, c: -a.t(), ((6, 5), (1,), (1,))),
+    ("aten::reciprocal", lambda a, b, c: a.reciprocal(), ((6, 5), (1,), (1,))),
+    ("aten::pow", lambda a, b, c: a ** 2, ((6, 5), (1,), (1,))),
+    ("aten::pow", lambda a, b, c: (a * a).t() ** -0.5, ((6, 5), (1,), (1,))),
+    ("aten::gt", lambda a, b, c: a > b, ((6, 5), (5,), (1,))),
+    ("aten::le", lambda a, b, c: a.t() <= b, ((6, 5), (6,), (1,))),
+    ("aten::lt", lambda a, b, c: a < 0.25, ((6, 5), (1,), (1,))),
+    ("aten::ge", lambda a, b, c: a >= b, ((6, 5), (6, 5), (1,))),
+    ("aten::eq", lambda a, b, c: a == a.t().t(), ((6, 5), (1,), (1,))),
+    ("aten::ne", lambda a, b, c: a != 0.5, ((6, 5), (1,), (1,))),
+    ("aten::dot", lambda a, b, c: a[:, 1].dot(b), ((6, 5), (6,), (1,))),
+    ("aten::max", lambda a, b, c: a.t().max(), ((6, 5), (1,), (1,))),
 ]
 
 
@@ -134,6 +146,37 @@ def test_structured_ops_raise_the_cpus_error_at_the_call():
     P.synchronize()
     x = torch.randn(4, 4)
     assert torch.equal((x.to("phantom") @ x.to("phantom")).cpu(), x @ x)
+
+
+def test_comparisons_pow_dot_and_max_raise_the_cpus_error_at_the_call():
+    i = torch.arange(6)
+    with pytest.raises(RuntimeError) as cpu_error:
+        i ** -2
+    with pytest.raises(RuntimeError) as phantom_error:
+        i.to("phantom") ** -2
+    assert str(phantom_error.value) == str(cpu_error.value)
+    with pytest.raises(RuntimeError) as cpu_error:
+        torch.randn(3, 4) > torch.randn(5)
+    with pytest.raises(RuntimeError) as phantom_error:
+        torch.randn(3, 4, device="phantom") > torch.randn(5, device="phantom")
+    assert str(phantom_error.value) == str(cpu_error.value)
+    with pytest.raises(RuntimeError, match="Negation, the `-` operator, on a bool tensor"):
+        -torch.ones(3, dtype=torch.bool, device="phantom")
+    for a, b in (((3,), (4,)), ((2, 2), (4,))):
+        with pytest.raises(RuntimeError) as cpu_error:
+            torch.ones(a).dot(torch.ones(b))
+        with pytest.raises(RuntimeError) as phantom_error:
+            torch.ones(a, device="phantom").dot(torch.ones(b, device="phantom"))
+        assert str(phantom_error.value) == str(cpu_error.value)
+    with pytest.raises(RuntimeError, match="expected both vectors to have same dtype"):
+        torch.ones(3, device="phantom").dot(torch.ones(3, dtype=torch.float64, device="phantom"))
+    with pytest.raises(RuntimeError, match="Expected reduction dim to be specified"):
+        torch.ones(0, device="phantom").max()
+    # A 0-dim CPU tensor compared with a phantom tensor is read at the call,
+    # as CUDA reads it.
+    x = _rand(4)
+    assert torch.equal((x.to("phantom") > torch.tensor(0.5)).cpu(), x > 0.5)
+    P.synchronize()
 
 
 def test_structured_ops_on_integer_and_strided_inputs_match_cpu():
