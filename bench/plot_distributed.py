@@ -43,10 +43,11 @@ def markdown(data):
               "| CPU time per step, CPU | CPU time per step, phantom |")
         print("|---|---:|---:|---:|---:|---:|")
         for r in rows:
-            cost = [r[k]["cpu_time_s"] * 1e3 if k in r else float("nan")
+            # Runs before the benchmark recorded CPU time have none.
+            cost = [f"{r[k]['cpu_time_s'] * 1e3:.2f} ms" if k in r else "-"
                     for k in ("cpu_arm_cost", "phantom_arm_cost")]
             print(f"| {r['model']} | {r['cpu_s'] * 1e3:.2f} ms | {r['phantom_s'] * 1e3:.2f} ms "
-                  f"| {r['ratio']:.2f} | {cost[0]:.2f} ms | {cost[1]:.2f} ms |")
+                  f"| {r['ratio']:.2f} | {cost[0]} | {cost[1]} |")
 
 
 def plot(data, outdir):
