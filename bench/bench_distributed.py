@@ -26,10 +26,19 @@ over blocks (one round per order) of the block's phantom/CPU time
              MLP, Transformer and DLRM, and of a wider MLP whose gradients
              (12 MB) make the all-reduce matter; ratio = phantom step time
              over CPU step time (lower is better; target <= 1.1).
+             Each arm's cost in CPU time is recorded too: the process's
+             CPU time per step, by thread (host, autograd's device thread,
+             stream workers, Gloo's and pccl's threads; from
+             /proc/self/task/*/schedstat) and its context switches per step,
+             so a step that is slow because the two ranks' threads share
+             two cores shows as such. "dlrm_no_ddp" is the DLRM step
+             without DDP, both ranks running it at once: what the two
+             ranks cost each other without any collective.
 
     python bench/bench_distributed.py                 # ~3 min
     python bench/bench_distributed.py --quick         # < 1 min, fewer sizes and rounds
     python bench/bench_distributed.py --only ddp --out /tmp/d.json
+    python bench/bench_distributed.py --only ddp --models dlrm dlrm_no_ddp
 
 Results: a table on stdout and, with --out, a JSON file (the machine as
 bench_perf.py records it) that bench/plot_distributed.py turns into
@@ -41,6 +50,7 @@ import datetime
 import json
 import os
 import pathlib
+import resource
 import socket
 import statistics
 import subprocess
@@ -51,12 +61,59 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20]
 QUICK_SIZES = [4 << 10, 1 << 20, 16 << 20]
 WORLD = 2
+DDP_MODELS = ["mlp", "transformer", "dlrm", "wide_mlp", "dlrm_no_ddp"]
+
+
+def thread_cpu_ns():
+    """{thread name: nanoseconds on a CPU so far} over this process's
+    threads (/proc/self/task/*/schedstat; names as `top -H` shows them),
+    and the process's context switches so far (getrusage)."""
+    times = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                name = f.read().strip()
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                ns = int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue  # the thread ended, or no schedstat on this kernel
+        times[name] = times.get(name, 0) + ns
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return times, usage.ru_nvcsw + usage.ru_nivcsw
+
+
+class CpuAccount:
+    """Sums, per arm, the CPU time each thread spent inside the timed
+    samples (threads that started or ended meanwhile count from or to 0)."""
+
+    def __init__(self):
+        self.threads = {}
+        self.switches = {}
+        self.steps = {}
+
+    def add(self, arm, before, after, steps):
+        (t0, c0), (t1, c1) = before, after
+        mine = self.threads.setdefault(arm, {})
+        for name, ns in t1.items():
+            mine[name] = mine.get(name, 0) + ns - t0.get(name, 0)
+        self.switches[arm] = self.switches.get(arm, 0) + c1 - c0
+        self.steps[arm] = self.steps.get(arm, 0) + steps
+
+    def per_step(self, arm):
+        n = max(1, self.steps.get(arm, 0))
+        threads = {name: ns / n / 1e9 for name, ns in
+                   sorted(self.threads.get(arm, {}).items(), key=lambda kv: -kv[1])
+                   if ns / n >= 1e3}  # at least 1 us per step
+        return {"cpu_time_s": sum(threads.values()), "threads_s": threads,
+                "context_switches": self.switches.get(arm, 0) / n}
 
 
 def parse(argv):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true")
     p.add_argument("--only", nargs="+", choices=["allreduce", "ddp"])
+    p.add_argument("--models", nargs="+", choices=DDP_MODELS, default=DDP_MODELS,
+                   help="the ddp cases to run (default: all)")
     p.add_argument("--reps", type=int, default=8, help="rounds per case (even)")
     p.add_argument("--min-sample-ms", type=float, default=40.0)
     p.add_argument("--out")
@@ -109,17 +166,22 @@ def worker(args):
         dist.broadcast(t, 0)
         return int(t.item())
 
-    def time_case(arms, min_inner=1):
-        """arms: {"cpu": fn, "phantom": fn}; fn runs the work once."""
-        def sample(arm, k):
+    def time_case(arms, min_inner=1, account=None):
+        """arms: {"cpu": fn, "phantom": fn}; fn runs the work once.
+        account: a CpuAccount the timed rounds' CPU time is added to."""
+        def sample(arm, k, count=False):
             dist.barrier(group=cpu_barrier)
             fn = arms[arm]
+            before = thread_cpu_ns() if count else None
             started = time.perf_counter()
             for _ in range(k):
                 fn()
             if arm == "phantom":
                 torch.phantom.synchronize()
-            return time.perf_counter() - started
+            elapsed = time.perf_counter() - started
+            if count:
+                account.add(arm, before, thread_cpu_ns(), k)
+            return elapsed
 
         for arm in arms:  # warm up: caches, pinned blocks, first-call paths
             sample(arm, 2)
@@ -135,7 +197,7 @@ def worker(args):
         orders = [("cpu", "phantom"), ("phantom", "cpu")]
         for r in range(args.reps):
             for arm in orders[r % 2]:
-                samples[arm].append(sample(arm, inner) / inner)
+                samples[arm].append(sample(arm, inner, account is not None) / inner)
         return samples, inner
 
     cpu_barrier = dist.new_group(backend="gloo")
@@ -186,11 +248,15 @@ def worker(args):
             "wide_mlp": train_models.Spec(wide_mlp, wide_batches, nn.functional.cross_entropy,
                                           lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9)),
         }
-        for name, spec in specs.items():
+        specs["dlrm_no_ddp"] = specs["dlrm"]
+        for name in args.models:
+            spec = specs[name]
             arms = {}
             for arm, dev in (("cpu", torch.device("cpu")), ("phantom", device)):
                 torch.manual_seed(0)
-                model = DDP(spec.make_model().to(dev))
+                model = spec.make_model().to(dev)
+                if not name.endswith("_no_ddp"):
+                    model = DDP(model)
                 opt = spec.optimizer(list(model.parameters()))
                 batch = spec.make_batches(1, torch.Generator().manual_seed(rank))[0]
                 inputs = [t.to(dev) for t in batch.inputs]
@@ -202,17 +268,30 @@ def worker(args):
                     opt.step()
                 arms[arm] = step
             ticks = cpu_ticks()
-            samples, inner = time_case(arms)
+            account = CpuAccount()
+            samples, inner = time_case(arms, account=account)
             steal = steal_fraction(ticks, cpu_ticks())
             c, p = statistics.median(samples["cpu"]), statistics.median(samples["phantom"])
+            cost = {arm: account.per_step(arm) for arm in arms}
             results.append({
                 "benchmark": "ddp", "model": name, "inner": inner, "cpu_s": c, "phantom_s": p,
                 "ratio": balanced_ratio(samples["phantom"], samples["cpu"], 2), "steal": steal,
+                "cpu_arm_cost": cost["cpu"], "phantom_arm_cost": cost["phantom"],
+                "load_average": os.getloadavg(),
             })
             if rank == 0:
                 r = results[-1]
+                cc, pc = cost["cpu"], cost["phantom"]
                 print(f"ddp step {name:<12} cpu {c * 1e3:8.2f} ms  phantom {p * 1e3:8.2f} ms"
                       f"  ratio {r['ratio']:.2f}  (x{inner})", flush=True)
+                print(f"    CPU time per step: cpu {cc['cpu_time_s'] * 1e3:.2f} ms"
+                      f" ({cc['context_switches']:.0f} switches)  phantom"
+                      f" {pc['cpu_time_s'] * 1e3:.2f} ms ({pc['context_switches']:.0f} switches)"
+                      f"  ratio {pc['cpu_time_s'] / max(cc['cpu_time_s'], 1e-12):.2f}", flush=True)
+                for arm in arms:
+                    print(f"      {arm:8s}" + "  ".join(
+                        f"{t} {v * 1e3:.2f}" for t, v in cost[arm]["threads_s"].items()),
+                        flush=True)
 
     if rank == 0 and args.out:
         info = machine()
