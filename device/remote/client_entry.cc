@@ -208,10 +208,7 @@ ph_status_t ph_device_count(int* out_count) {
   return Guarded("ph_device_count", [&] {
     if (out_count == nullptr) return NullOut("ph_device_count", "out_count");
     *out_count = 0;
-    const ph_status_t started = Start();
-    if (started != PH_SUCCESS) return started;
-    *out_count = Info().device_count;
-    return PH_SUCCESS;
+    return DeviceCount(out_count);
   });
 }
 

@@ -117,23 +117,30 @@ void RemovePrivateFolder(State& state) {
   ::rmdir(state.private_folder.c_str());
 }
 
-// Spawns the server; on success fills state.session_fd and server_pid.
-ph_status_t Spawn(State& state) {
+// The server program this driver would spawn, if it can be run; else
+// empty, with `error` saying why.
+std::string ServerToSpawn(std::string* error) {
   settings::Value server;
-  std::string error;
-  if (!settings::ReadEnvironment(settings::kRemoteServer, &server, &error)) {
-    return Fail(PH_ERROR_NOT_INITIALIZED, error);
+  if (!settings::ReadEnvironment(settings::kRemoteServer, &server, error)) {
+    return "";
   }
   const std::string program =
       server.set ? server.text : OwnFolder() + "phantom_remote_server";
   if (::access(program.c_str(), X_OK) != 0) {
-    return Fail(PH_ERROR_NOT_INITIALIZED,
-                "the phantom remote driver cannot start its server '" +
-                    program + "' (" + std::strerror(errno) +
-                    "): build the phantom_remote_server target next to "
-                    "libphantom_remote.so, or set PHANTOM_REMOTE_SERVER to "
-                    "its path");
+    *error = "the phantom remote driver cannot start its server '" + program +
+             "' (" + std::strerror(errno) +
+             "): build the phantom_remote_server target next to "
+             "libphantom_remote.so, or set PHANTOM_REMOTE_SERVER to its path";
+    return "";
   }
+  return program;
+}
+
+// Spawns the server; on success fills state.session_fd and server_pid.
+ph_status_t Spawn(State& state) {
+  std::string error;
+  const std::string program = ServerToSpawn(&error);
+  if (program.empty()) return Fail(PH_ERROR_NOT_INITIALIZED, error);
   char folder[] = "/tmp/phantom-remote-XXXXXX";
   if (::mkdtemp(folder) == nullptr) {
     return Fail(PH_ERROR_NOT_INITIALIZED,
@@ -284,6 +291,30 @@ ph_status_t Start() {
 }
 
 const SessionInfo& Info() { return GetState().info; }
+
+ph_status_t DeviceCount(int* out_count) {
+  State& state = GetState();
+  if (!state.running.load(std::memory_order_acquire) &&
+      !state.lost.load(std::memory_order_acquire)) {
+    std::lock_guard<std::mutex> lock(state.mutex);
+    settings::Value socket;
+    settings::Value count;
+    settings::Value memory;
+    std::string error;
+    if (!state.attempted &&
+        settings::ReadEnvironment(settings::kRemoteSocket, &socket, &error) &&
+        !socket.set && !ServerToSpawn(&error).empty() &&
+        settings::ReadEnvironment(settings::kDeviceCount, &count, &error) &&
+        settings::ReadEnvironment(settings::kDeviceMemory, &memory, &error)) {
+      *out_count = static_cast<int>(count.number);
+      return PH_SUCCESS;
+    }
+  }
+  const ph_status_t started = Start();
+  if (started != PH_SUCCESS) return started;
+  *out_count = Info().device_count;
+  return PH_SUCCESS;
+}
 
 bool Lost() { return GetState().lost.load(std::memory_order_acquire); }
 

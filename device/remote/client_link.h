@@ -50,6 +50,17 @@ struct SessionInfo {
 ph_status_t Start();
 const SessionInfo& Info();  // valid after Start() succeeded
 
+// The number of devices, without starting the session when it has not
+// started and the driver would spawn its own server (no
+// PHANTOM_REMOTE_SOCKET): that server serves the PHANTOM_DEVICE_COUNT of
+// this process's environment, so the setting is the answer. Counting
+// devices then does not start the device, and a process may still fork
+// and use it in the child, as CUDA counts devices without creating a
+// context. Otherwise (a server to connect to, a server program that
+// cannot be run, a setting that does not parse, a session already started
+// or tried) the session's answer, or Start's error.
+ph_status_t DeviceCount(int* out_count);
+
 // Sends `request` on the calling thread's connection and receives the
 // reply. Returns the reply's status and sets the last error to its text
 // on failure; PH_ERROR_DEVICE (device lost) if the server is gone.

@@ -374,6 +374,12 @@ def test_elapsed_time_errors():
         start.elapsed_time(s)
 
 
+NEEDS_IPC = pytest.mark.requires_fake_driver(
+    "interprocess events are the driver's interprocess section (ph_ipc_*), "
+    "which the remote driver does not offer")
+
+
+@NEEDS_IPC
 def test_interprocess_event_orders_work_in_its_own_process_too():
     # Across processes: tests/python/test_ipc.py.
     event = P.Event(interprocess=True)
@@ -389,6 +395,7 @@ def test_interprocess_event_orders_work_in_its_own_process_too():
         P.Event().ipc_handle()
 
 
+@NEEDS_IPC
 def test_interprocess_event_is_recorded_only_on_its_device(two_devices):
     event = P.Event(interprocess=True)  # on the current device, 0
     with pytest.raises(RuntimeError, match="does not match recording stream's device phantom:1"):

@@ -6,7 +6,8 @@
 //    cannot be started or reached is a driver that could not start
 //    (PH_ERROR_NOT_INITIALIZED naming the setting); a server shared through
 //    PHANTOM_REMOTE_SOCKET frees what each client leaves behind; a forked
-//    child of a client is refused and the client goes on;
+//    child of a client is refused and the client goes on, while counting
+//    devices starts nothing, so a child forked after it uses the device;
 //  - device memory is never host-addressable here: pointer attributes say
 //    DEVICE, there is no kernel view, the bytes at a device address
 //    cannot be read by this process, and host code that touches them dies
@@ -136,10 +137,18 @@ ph_status_t Launch(ph_stream_t stream, std::function<ph_status_t()> body) {
   return ph_launch_host_func(stream, &task);
 }
 
+// Counting devices answers from the setting the server will read, without
+// starting it (as CUDA counts devices without creating a context); the
+// first call that uses a device starts it.
 TEST(RemoteServer, StartsOnFirstUseAsAChildProcess) {
   int count = 0;
   ASSERT_PH_OK(ph_device_count(&count));
   EXPECT_EQ(count, 2);
+  EXPECT_TRUE(ServerChildren(::getpid()).empty())
+      << "counting devices started the server";
+  size_t free_bytes = 0;
+  size_t total = 0;
+  ASSERT_PH_OK(ph_mem_get_info(1, &free_bytes, &total));
   const std::vector<pid_t> servers = ServerChildren(::getpid());
   ASSERT_EQ(servers.size(), 1u) << "one server, started by this process";
   EXPECT_TRUE(Alive(servers[0]));
@@ -321,8 +330,9 @@ TEST(RemoteMemory, OutOfMemoryIsReportedAndTheDeviceGoesOn) {
 // connections; it must not use them (the parent's replies would be read by
 // the child). Its calls refuse, saying why, and the parent goes on.
 TEST(RemoteStartUp, AForkedChildIsRefusedAndTheParentGoesOn) {
-  int count = 0;
-  ASSERT_PH_OK(ph_device_count(&count));
+  size_t free_bytes = 0;
+  size_t total = 0;
+  ASSERT_PH_OK(ph_mem_get_info(0, &free_bytes, &total));  // starts it
   const pid_t child = ::fork();
   if (child == 0) {
     void* ptr = nullptr;
@@ -337,6 +347,30 @@ TEST(RemoteStartUp, AForkedChildIsRefusedAndTheParentGoesOn) {
   void* ptr = nullptr;
   ASSERT_PH_OK(ph_malloc(0, 16, &ptr));
   ASSERT_PH_OK(ph_free(ptr));
+}
+
+// A process that only counted devices has not started one: a child forked
+// then starts its own server and uses the device, and so does the parent.
+TEST(RemoteStartUp, AChildForkedAfterCountingDevicesUsesTheDevice) {
+  int count = 0;
+  ASSERT_PH_OK(ph_device_count(&count));
+  ASSERT_EQ(count, 2);
+  const pid_t child = ::fork();
+  if (child == 0) {
+    void* ptr = nullptr;
+    const bool used = ph_malloc(1, 16, &ptr) == PH_SUCCESS &&
+                      ph_free(ptr) == PH_SUCCESS &&
+                      ServerChildren(::getpid()).size() == 1;
+    ::_exit(used ? 0 : 1);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << "the child could not use the device";
+  void* ptr = nullptr;
+  ASSERT_PH_OK(ph_malloc(0, 16, &ptr));
+  ASSERT_PH_OK(ph_free(ptr));
+  EXPECT_EQ(ServerChildren(::getpid()).size(), 1u);
 }
 
 // Every call the runtime makes, after the device was lost: the device
@@ -460,8 +494,9 @@ int ChildMain(const std::string& how) {
     std::printf("0\n");
     return ok ? 0 : 1;
   }
-  int count = 0;
-  if (ph_device_count(&count) != PH_SUCCESS) return 2;
+  size_t free_bytes = 0;
+  size_t total = 0;
+  if (ph_mem_get_info(0, &free_bytes, &total) != PH_SUCCESS) return 2;
   const std::vector<pid_t> servers = ServerChildren(::getpid());
   if (servers.size() != 1) return 3;
   std::printf("%d\n", static_cast<int>(servers[0]));
