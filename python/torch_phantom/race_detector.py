@@ -290,9 +290,13 @@ class _Detector(TorchDispatchMode):
             self._forget_finished_frees()
 
     def _streams_of(self, device: int) -> List[int]:
-        """The handles of the streams of ``device`` that launched ops (in a
-        section); a replaced handle's order lives on in its successor's."""
-        return [handle for (index, _), handle in self.handles.items() if index == device]
+        """The handles a synchronize of ``device`` waited for (in a
+        section): its streams, and the streams whose device is not known
+        (one that only waited on an event or was recorded on, launching
+        nothing): counting those may hide a race, never invent one."""
+        devices = {handle: index for (index, _), handle in self.handles.items()}
+        return [handle for handle in self.order.streams
+                if devices.get(self._handle(handle), device) == device]
 
     def observed(self, method: str, handle: int, query: bool) -> None:
         """After torch.phantom's synchronize or a query that answered True
