@@ -28,6 +28,7 @@ ph_status_t ph_activity_disable(void) {
 
 ph_status_t ph_activity_get_timestamp(uint64_t* out_ns) {
   return Guarded("ph_activity_get_timestamp", [&] {
+    if (!trace::kBuiltIn) return trace::NotBuiltIn("ph_activity_get_timestamp");
     if (out_ns == nullptr) {
       return Fail(PH_ERROR_INVALID_ARGUMENT,
                   "ph_activity_get_timestamp: out_ns is NULL");

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <string>
 #include <vector>
 
 namespace phantom::fake::trace {
@@ -27,6 +28,15 @@ constexpr size_t kMinRecordSize =
 
 }  // namespace
 
+ph_status_t NotBuiltIn(const char* call) {
+  return Fail(PH_ERROR_UNIMPLEMENTED,
+              std::string(call) +
+                  ": this build of the fake driver has no activity trace "
+                  "(configured with -DPHANTOM_FAKE_ACTIVITY_TRACE=OFF); "
+                  "rebuild with the option ON (its default) to profile "
+                  "device activity");
+}
+
 uint64_t CurrentCorrelation() {
   return t_correlation.empty() ? 0 : t_correlation.back();
 }
@@ -41,11 +51,13 @@ void Record(const ph_activity_record_t& record) {
 }
 
 ph_status_t Enable() {
+  if (!kBuiltIn) return NotBuiltIn("ph_activity_enable");
   g_enabled.fetch_add(1, std::memory_order_relaxed);
   return PH_SUCCESS;
 }
 
 ph_status_t Disable() {
+  if (!kBuiltIn) return NotBuiltIn("ph_activity_disable");
   int current = g_enabled.load(std::memory_order_relaxed);
   do {
     if (current <= 0) {
@@ -59,11 +71,13 @@ ph_status_t Disable() {
 }
 
 ph_status_t PushCorrelation(uint64_t id) {
+  if (!kBuiltIn) return NotBuiltIn("ph_activity_push_correlation");
   t_correlation.push_back(id);
   return PH_SUCCESS;
 }
 
 ph_status_t PopCorrelation() {
+  if (!kBuiltIn) return NotBuiltIn("ph_activity_pop_correlation");
   if (t_correlation.empty()) {
     return Fail(PH_ERROR_INVALID_ARGUMENT,
                 "ph_activity_pop_correlation: this thread's correlation stack "
@@ -75,6 +89,7 @@ ph_status_t PopCorrelation() {
 
 ph_status_t Flush(void* records, size_t record_size, size_t capacity,
                   size_t* out_count, uint64_t* out_dropped) {
+  if (!kBuiltIn) return NotBuiltIn("ph_activity_flush");
   if (capacity != 0 && (records == nullptr || out_count == nullptr)) {
     return Fail(PH_ERROR_INVALID_ARGUMENT,
                 "ph_activity_flush: records and out_count must not be NULL "

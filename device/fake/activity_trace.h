@@ -2,7 +2,13 @@
 // and when, while tracing is on.
 //
 // Off (the common case) it costs one relaxed load per task: the nest
-// count `enabled`. On, a task's worker reads the clock before and after
+// count `enabled`. A build with the CMake option PHANTOM_FAKE_ACTIVITY_TRACE
+// OFF (the compile definition PHANTOM_FAKE_ACTIVITY_TRACE=0) has no trace
+// at all: On() is a constant false, so the per-task load and the
+// recording code compile away, the driver table leaves the section's
+// members NULL (the HAL's OPTIONAL section absent) and the section's entry
+// points answer PH_ERROR_UNIMPLEMENTED saying so. That build exists to
+// measure what the load costs (bench/bench_profiler.py --trace-off-cost). On, a task's worker reads the clock before and after
 // the task and appends a record under one mutex; records wait in a
 // bounded deque (kMaxRecords; past it new ones are dropped and counted)
 // until ph_activity_flush moves them out. The correlation id of a task is
@@ -23,11 +29,26 @@ namespace phantom::fake::trace {
 
 constexpr size_t kMaxRecords = size_t{1} << 20;
 
+#ifndef PHANTOM_FAKE_ACTIVITY_TRACE
+#define PHANTOM_FAKE_ACTIVITY_TRACE 1
+#endif
+
+// Whether this build has the trace (the CMake option above).
+constexpr bool kBuiltIn = PHANTOM_FAKE_ACTIVITY_TRACE != 0;
+
 extern std::atomic<int> g_enabled;
 
+#if PHANTOM_FAKE_ACTIVITY_TRACE
 inline bool On() {
   return __builtin_expect(g_enabled.load(std::memory_order_relaxed) > 0, 0);
 }
+#else
+constexpr bool On() { return false; }
+#endif
+
+// PH_ERROR_UNIMPLEMENTED with the sentence that `call` is missing from
+// this build and how to get it back (kBuiltIn false only).
+ph_status_t NotBuiltIn(const char* call);
 
 // The top of the calling thread's correlation stack (0 when empty).
 uint64_t CurrentCorrelation();

@@ -10,6 +10,7 @@
 // the addresses taken here, and the fake's calls among its own functions,
 // bind inside the library and never to the runtime's forwarding ph_*
 // functions of the same names.
+#include "activity_trace.h"
 #include "config.h"
 #include "phantom/hal.h"
 
@@ -69,13 +70,14 @@ constexpr ph_driver_table_t kTable = {
     &ph_graph_exec_destroy,
     &ph_graph_destroy,
     &ph_graph_debug_dump,
-    // ABI 1005
-    &ph_activity_enable,
-    &ph_activity_disable,
-    &ph_activity_get_timestamp,
-    &ph_activity_push_correlation,
-    &ph_activity_pop_correlation,
-    &ph_activity_flush,
+    // ABI 1005 (NULL in a build without the activity trace,
+    // activity_trace.h: the OPTIONAL section absent)
+    phantom::fake::trace::kBuiltIn ? &ph_activity_enable : nullptr,
+    phantom::fake::trace::kBuiltIn ? &ph_activity_disable : nullptr,
+    phantom::fake::trace::kBuiltIn ? &ph_activity_get_timestamp : nullptr,
+    phantom::fake::trace::kBuiltIn ? &ph_activity_push_correlation : nullptr,
+    phantom::fake::trace::kBuiltIn ? &ph_activity_pop_correlation : nullptr,
+    phantom::fake::trace::kBuiltIn ? &ph_activity_flush : nullptr,
 };
 
 // The table without ph_kernel_address: PHANTOM_FAKE_NO_KERNEL_VIEW=1
@@ -90,7 +92,8 @@ ph_driver_table_t TableWithoutKernelView() {
 }  // namespace
 
 // Every runtime of major 1 is served: the fake implements every member
-// (all but the kernel view under PHANTOM_FAKE_NO_KERNEL_VIEW=1).
+// (all but the kernel view under PHANTOM_FAKE_NO_KERNEL_VIEW=1, all but
+// the activity section in a build without it).
 const ph_driver_table_t* ph_driver_get_table(uint32_t runtime_abi_version) {
   (void)runtime_abi_version;
   const phantom::fake::Config& config = phantom::fake::GetConfig();

@@ -74,6 +74,21 @@ size_t segmentSizeFor(size_t rounded, size_t segment_cap) {
   return size <= segment_cap ? size : std::max(rounded, segment_cap);
 }
 
+// Waits for every stream of `device` before memory goes back to the
+// driver, and traces the wait as what it is, a synchronize of that device
+// (phantom/GpuTrace.h): the race detector then knows that every use queued
+// on those streams is ordered before whatever obtains the memory next.
+// Call it with the allocator's mutex released: the trace's callbacks take
+// the GIL, and a thread holding the GIL may be waiting for that mutex.
+// From device work synchronizeAllStreams skips the work's own stream, so
+// the wait is no device synchronize and is not traced.
+void synchronizeDeviceForRelease(c10::DeviceIndex device) {
+  synchronizeAllStreams(device);
+  if (!inDeviceWork()) {
+    gpu_trace::deviceSynchronized(device);
+  }
+}
+
 }  // namespace
 
 DeviceCachingAllocator::DeviceCachingAllocator(c10::DeviceIndex device,
@@ -187,7 +202,7 @@ void DeviceCachingAllocator::recordStream(Block* block, c10::StreamId stream) {
 
 void DeviceCachingAllocator::emptyCache() {
   waitForPendingEvents();
-  synchronizeAllStreams(device_);
+  synchronizeDeviceForRelease(device_);
   std::lock_guard<std::mutex> lock(mutex_);
   stats_.num_sync_all_streams += 1;
   processEvents();
@@ -212,7 +227,7 @@ void* DeviceCachingAllocator::mallocUncached(size_t requested, size_t size) {
   std::unique_lock<std::mutex> lock(mutex_);
   if (!deferred_uncached_.empty() && !inDeviceWork()) {
     lock.unlock();
-    synchronizeAllStreams(device_);
+    synchronizeDeviceForRelease(device_);
     lock.lock();
     releaseDeferredUncached();
   }
@@ -243,7 +258,7 @@ void DeviceCachingAllocator::freeUncached(void* ptr, size_t size) {
     deferred_uncached_.emplace_back(ptr, size);
     return;
   }
-  synchronizeAllStreams(device_);
+  synchronizeDeviceForRelease(device_);
   std::lock_guard<std::mutex> lock(mutex_);
   releaseUncached(ptr, size);
 }
@@ -578,7 +593,7 @@ void DeviceCachingAllocator::releaseAfterSync(std::unique_lock<std::mutex>& lock
   const bool from_device_work = inDeviceWork();
   if (!from_device_work) {
     lock.unlock();
-    synchronizeAllStreams(device_);
+    synchronizeDeviceForRelease(device_);
     lock.lock();
     stats_.num_sync_all_streams += 1;
   }

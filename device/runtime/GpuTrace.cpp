@@ -1,5 +1,5 @@
 // The switch that ends PyTorch's GPU trace hooks at exit, the hook shield
-// and the query and record-stream observers (GpuTrace.h).
+// and the query, record-stream and device-sync observers (GpuTrace.h).
 #include <phantom/GpuTrace.h>
 
 #include <atomic>
@@ -10,7 +10,16 @@ std::atomic<bool> stopped{false};
 std::atomic<HookShield> shield{nullptr};
 std::atomic<QueryObserver> query_observer{nullptr};
 std::atomic<RecordStreamObserver> record_stream_observer{nullptr};
+std::atomic<DeviceSyncObserver> device_sync_observer{nullptr};
 }  // namespace
+
+void setDeviceSyncObserver(DeviceSyncObserver observer) noexcept {
+  device_sync_observer.store(observer, std::memory_order_release);
+}
+
+DeviceSyncObserver deviceSyncObserver() noexcept {
+  return device_sync_observer.load(std::memory_order_acquire);
+}
 
 void setRecordStreamObserver(RecordStreamObserver observer) noexcept {
   record_stream_observer.store(observer, std::memory_order_release);

@@ -283,7 +283,7 @@ void setCurrentPhantomStream(PhantomStream stream) {
 
 void synchronizeDevice(c10::DeviceIndex device) {
   checkDeviceIndex(device);
-  gpu_trace::deviceSynchronized();
+  gpu_trace::deviceSynchronized(device);
   std::exception_ptr first_error;
   for (c10::StreamId id = 0; id < kStreamsPerDevice; ++id) {
     if (streamsOf(device).handles[id].load(std::memory_order_acquire) == nullptr) {

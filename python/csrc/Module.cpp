@@ -299,6 +299,32 @@ PYBIND11_MODULE(_C, m) {
       });
     });
   });
+  // torch.phantom._gpu_trace's device-synchronize callbacks that take the
+  // device index (phantom/GpuTrace.h, DeviceSyncObserver): called as
+  // observer(device); None removes it.
+  m.def("_set_device_sync_observer", [](py::object observer) {
+    static PyObject* current = nullptr;  // a strong reference, or null
+    phantom::gpu_trace::setDeviceSyncObserver(nullptr);
+    Py_XDECREF(current);
+    current = nullptr;
+    if (observer.is_none()) {
+      return;
+    }
+    current = observer.release().ptr();
+    phantom::gpu_trace::setDeviceSyncObserver([](c10::DeviceIndex device) {
+      PyObject* callback = current;
+      if (callback == nullptr || phantom::gpu_trace::tracingStopped()) {
+        return;
+      }
+      phantom::gpu_trace::runHook([&] {
+        PyObject* result = PyObject_CallFunction(callback, "i", static_cast<int>(device));
+        if (result == nullptr) {
+          throw py::error_already_set();
+        }
+        Py_DECREF(result);
+      });
+    });
+  });
   m.def("_synchronize", [](c10::DeviceIndex d) {
     py::gil_scoped_release no_gil;
     phantom::synchronizeDevice(d);

@@ -10,6 +10,15 @@ builds on. Arguments are integers: an event's or stream's driver handle
 the first tensor in the block). Activation is for the whole process and
 cannot be undone; each traced call then takes the GIL to run the
 callbacks, so keep them short.
+
+A device synchronize fires two registries: torch's
+``DeviceSynchronizationCallbacks``, with no argument (as for CUDA, where a
+tool reads it as every device), and phantom's
+``DeviceSynchronizationWithIndexCallbacks``, with the index of the device
+whose streams were all waited for. Both fire for
+``torch.phantom.synchronize(i)`` and for the caching allocator's wait for
+every stream of a device before it returns cached memory to the driver
+(``torch.phantom.empty_cache()``, the retry after running out of memory).
 """
 from collections.abc import Callable
 
@@ -27,6 +36,9 @@ StreamCreationCallbacks: "CallbackRegistry[int]" = CallbackRegistry(f"{BACKEND_N
 DeviceSynchronizationCallbacks: "CallbackRegistry[[]]" = CallbackRegistry(f"{BACKEND_NAME} device synchronization")
 StreamSynchronizationCallbacks: "CallbackRegistry[int]" = CallbackRegistry(f"{BACKEND_NAME} stream synchronization")
 EventSynchronizationCallbacks: "CallbackRegistry[int]" = CallbackRegistry(f"{BACKEND_NAME} event synchronization")
+DeviceSynchronizationWithIndexCallbacks: "CallbackRegistry[int]" = CallbackRegistry(
+    f"{BACKEND_NAME} device synchronization with index")
+_device_index_observer_installed = False
 
 
 def register_callback_for_event_creation(cb: Callable[[int], None]) -> None:
@@ -67,3 +79,14 @@ def register_callback_for_stream_synchronization(cb: Callable[[int], None]) -> N
 
 def register_callback_for_event_synchronization(cb: Callable[[int], None]) -> None:
     EventSynchronizationCallbacks.add_callback(cb)
+
+
+def register_callback_for_device_synchronization_with_index(cb: Callable[[int], None]) -> None:
+    """``cb(device_index)`` after every stream of that device was waited for."""
+    global _device_index_observer_installed
+    DeviceSynchronizationWithIndexCallbacks.add_callback(cb)
+    if not _device_index_observer_installed:
+        from . import _C  # the runtime calls the registry through it
+
+        _C._set_device_sync_observer(DeviceSynchronizationWithIndexCallbacks.fire_callbacks)
+        _device_index_observer_installed = True

@@ -5,7 +5,7 @@ stream is ordered after), one per recorded event, and one for the host
 stream has shown finished). Streams are named by driver handle and ops by
 their position in the order the host launched them (``seq``).
 """
-from typing import Dict
+from typing import Dict, Iterable
 
 from ._race_reports import Access
 
@@ -56,6 +56,12 @@ class _Order:
     def sync_device(self) -> None:
         for view in self.streams.values():
             _merge(self.host, view)
+
+    def sync_streams(self, streams: Iterable[int]) -> None:
+        """Every stream in ``streams`` was waited for (a synchronize of
+        their device)."""
+        for stream in streams:
+            _merge(self.host, self._view(stream))
 
     def finished(self, stream: int, seq: int) -> None:
         """The host has seen op ``seq`` of ``stream`` finish."""

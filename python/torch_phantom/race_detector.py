@@ -13,8 +13,10 @@ tracing and work captured into a graph are not checked. An op that waits
 for its own work (``item()``, a copy to host memory, one that synchronizes
 its stream while it runs) leaves it finished for the host. The runtime's GPU trace
 hooks (torch.phantom._gpu_trace) tell it the rest: events recorded and
-waited on, stream, event and device synchronizes, and blocks of device
-memory allocated and freed. From these it keeps a vector clock per stream
+waited on, stream, event and device synchronizes (a device's with its
+index: torch.phantom.synchronize(i), and the caching allocator's wait for
+every stream of a device before it returns cached memory to the driver),
+and blocks of device memory allocated and freed. From these it keeps a vector clock per stream
 (for each other stream, the last op of it this stream is ordered after),
 one per recorded event, and one for the host (what a synchronize has shown
 finished). An access is ordered after an earlier one when the accessing
@@ -273,12 +275,28 @@ class _Detector(TorchDispatchMode):
     def synchronized(self, method: str, *args) -> None:
         """An event, stream or device synchronize: the host has seen it."""
         synced = getattr(self.local, "synced", None)
-        if synced is not None:  # inside an op: it waits for the device
+        if synced is not None and method != "sync_device":
+            # Inside an op: it waits for its own work. A device synchronize
+            # inside an op is the allocator's (empty_cache, an out-of-memory
+            # retry) while the op allocates, before its own work is queued:
+            # it covers what came before the op, applied below.
             synced.append(args[0] if method == "sync_stream" else None)
         with self.section():
-            getattr(self.order, method)(*args)
+            if method == "sync_device":
+                self.order.sync_streams(self._streams_of(args[0]))
+            else:
+                getattr(self.order, method)(*args)
             self._release_seen()
             self._forget_finished_frees()
+
+    def _streams_of(self, device: int) -> List[int]:
+        """The handles a synchronize of ``device`` waited for (in a
+        section): its streams, and the streams whose device is not known
+        (one that only waited on an event or was recorded on, launching
+        nothing): counting those may hide a race, never invent one."""
+        devices = {handle: index for (index, _), handle in self.handles.items()}
+        return [handle for handle in self.order.streams
+                if devices.get(self._handle(handle), device) == device]
 
     def observed(self, method: str, handle: int, query: bool) -> None:
         """After torch.phantom's synchronize or a query that answered True
@@ -552,7 +570,9 @@ def _activate_trace() -> None:
         _forward("synchronized", "sync_stream"))
     _gpu_trace.register_callback_for_event_synchronization(
         _forward("synchronized", "sync_event"))
-    _gpu_trace.register_callback_for_device_synchronization(
+    # The callbacks that name the device: a synchronize of one device (or
+    # the allocator's wait for its streams) orders only that device's work.
+    _gpu_trace.register_callback_for_device_synchronization_with_index(
         _forward("synchronized", "sync_device"))
     torch._C._activate_gpu_trace()
 

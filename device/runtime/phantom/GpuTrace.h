@@ -80,6 +80,16 @@ inline void streamRecordedOn(const void* data, uintptr_t stream) {
   }
 }
 
+// A synchronize of one device, with its index: c10's device-synchronize
+// hook carries no device, so the Python extension installs this observer
+// to fire torch.phantom._gpu_trace's callbacks that take the device
+// (register_callback_for_device_synchronization_with_index). It is called
+// by deviceSynchronized below, only while the trace is active. No
+// observer: one relaxed load and a branch.
+using DeviceSyncObserver = void (*)(c10::DeviceIndex device);
+void setDeviceSyncObserver(DeviceSyncObserver observer) noexcept;
+DeviceSyncObserver deviceSyncObserver() noexcept;
+
 inline const c10::impl::PyInterpreter* active() {
   const c10::impl::PyInterpreter* trace = c10::impl::GPUTrace::get_trace();
   return C10_UNLIKELY(trace != nullptr) && !tracingStopped() ? trace : nullptr;
@@ -141,9 +151,18 @@ inline void streamSynchronized(Stream stream) {
   }
 }
 
-inline void deviceSynchronized() {
+// Every stream of `device` is ordered before whatever the host does next:
+// torch.phantom.synchronize(device), and the caching allocator's wait for
+// all of a device's streams before it returns cached memory to the driver
+// (empty_cache(), the retry after running out of memory). c10's hook gets
+// no device (tools written for torch.cuda's trace read it as every
+// device); the device-sync observer gets the index.
+inline void deviceSynchronized(c10::DeviceIndex device) {
   if (const auto* t = active(); C10_UNLIKELY(t != nullptr)) {
     runHook([&] { (*t)->trace_gpu_device_synchronization(kType); });
+    if (DeviceSyncObserver observer = deviceSyncObserver(); observer != nullptr) {
+      observer(device);
+    }
   }
 }
 
