@@ -8,8 +8,9 @@
 // recording code compile away, the driver table leaves the section's
 // members NULL (the HAL's OPTIONAL section absent) and the section's entry
 // points answer PH_ERROR_UNIMPLEMENTED saying so. That build exists to
-// measure what the load costs (bench/bench_profiler.py --trace-off-cost). On, a task's worker reads the clock before and after
-// the task and appends a record under one mutex; records wait in a
+// measure what the load costs (bench/bench_profiler.py --trace-off-cost).
+// On, a task's worker reads the clock before and after the task and
+// appends a record under one mutex; records wait in a
 // bounded deque (kMaxRecords; past it new ones are dropped and counted)
 // until ph_activity_flush moves them out. The correlation id of a task is
 // taken from the launching thread's stack when the task is queued
