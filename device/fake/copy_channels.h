@@ -13,8 +13,13 @@
 // copy up; the copy returns when every chunk has arrived. If the caller
 // took every chunk before the helper woke, it does not wait for it.
 //
-// Small copies stay on one thread: waking the helper costs tens of
-// microseconds on a VM, the time to copy a few MiB. Overlapping ranges
+// Copies below 1 MiB stay on one thread: they take a few microseconds,
+// less than waking the helper from sleep costs on a VM (tens of
+// microseconds). From 1 MiB a copy is offered to the helper, which polls
+// for the next copy a while before it sleeps (spin_wait.h), so in a run of
+// copies it is awake and joins at once; a copy that finds it asleep is
+// mostly or wholly done by the caller, who never waits for a helper that
+// has not started. Overlapping ranges
 // (a D2D copy within one allocation) stay on one thread too, since memmove
 // semantics do not survive a split. While the helper serves one copy,
 // another copy that wants it (a second stream, a second device) does its
@@ -41,7 +46,7 @@
 namespace phantom::fake {
 
 // Copies at or above this size are split over the two channels.
-constexpr size_t kSplitCopyBytes = size_t{8} << 20;
+constexpr size_t kSplitCopyBytes = size_t{1} << 20;
 
 // Copies at or above this size, not overlapping, are written with
 // streaming stores (on x86-64; elsewhere memcpy). Half of the 32 MiB L3
