@@ -35,6 +35,7 @@
 #include <phantom/Exception.h>
 #include <phantom/hal.h>
 
+#include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/boxing/impl/boxing.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -582,6 +583,24 @@ NativeOpCounter relu_inplace_counter("aten::relu_");
 
 CpuAdmission relu_admission;
 
+// relu's direct loop, for float and double tensors too small for the CPU
+// kernel to go parallel. The CPU's clamp_min kernel computes max(a, 0) as
+// a < 0 ? 0 : a, in its vector lanes (max_ps(0, a) returns a when a is
+// NaN or a zero) and in its scalar tail (std::max(a, 0)) alike, so this
+// loop is bit-identical to it: NaNs keep their payload and sign, -0 stays
+// -0 (tests/python/test_graphs_nodes.py compares the bits).
+template <typename T>
+void reluLoop(const DeviceTensorRef& in, const DeviceTensorRef& out) {
+  const int64_t n = c10::multiply_integers(out.sizes);
+  const T* x = kernelPointer<T>(in);
+  T* o = kernelPointer<T>(out);
+  // `out` is `in` itself (relu_) or a fresh tensor.
+#pragma GCC ivdep
+  for (int64_t i = 0; i < n; ++i) {
+    o[i] = x[i] < T(0) ? T(0) : x[i];
+  }
+}
+
 bool reluQueued(const at::Tensor& self, const at::Tensor& out) {
   if (!isPlainPhantom(self) || !computedFloatingType(self.scalar_type())) {
     return false;
@@ -596,11 +615,30 @@ bool reluQueued(const at::Tensor& self, const at::Tensor& out) {
     return false;
   }
   const c10::DeviceGuard guard(self.device());
-  launchAsync(getCurrentPhantomStream(self.device().index()), "aten::relu",
-              [in = DeviceTensorRef(self), out = DeviceTensorRef(out)] {
-                KernelAliases aliases;
-                at::Tensor result = aliases.alias(out);
-                at::cpu::clamp_min_out(result, aliases.alias(in), 0);
+  const PhantomStream stream = getCurrentPhantomStream(self.device().index());
+  const c10::ScalarType dtype = self.scalar_type();
+  if ((dtype == c10::kFloat || dtype == c10::kDouble) && self.numel() > 0 &&
+      self.numel() <= at::internal::GRAIN_SIZE) {
+    // Both contiguous (the callers' condition): out is self or fresh.
+    launchAsync(stream, "aten::relu",
+                [in = DeviceTensorRef(self), out = DeviceTensorRef(out),
+                 is_float = dtype == c10::kFloat] {
+                  if (is_float) {
+                    reluLoop<float>(in, out);
+                  } else {
+                    reluLoop<double>(in, out);
+                  }
+                });
+    return true;
+  }
+  launchAsync(stream, "aten::relu",
+              [in = DeviceTensorRef(self), out = DeviceTensorRef(out),
+               aliases = NodeAliases::forStream(stream)] {
+                aliases.run({&out, &in}, [](c10::ArrayRef<at::Tensor> cpu) {
+                  const at::AutoDispatchBelowADInplaceOrView below_autograd;
+                  at::Tensor result = cpu[0];
+                  at::cpu::clamp_min_out(result, cpu[1], 0);
+                });
               });
   return true;
 }
