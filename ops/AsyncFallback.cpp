@@ -56,6 +56,7 @@
 #include <phantom/ops/RememberedOutputs.h>
 #include <phantom/ops/TrialRun.h>
 
+#include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
@@ -294,6 +295,9 @@ void queueCpuKernel(const c10::OperatorHandle& op,
       // they would only be printed to stderr.
       WarningCapture dropped;
       if (op.hasKernelForDispatchKey(c10::DispatchKey::CPU)) {
+        // As the CPU's autograd kernel calls it: the ops the CPU kernel
+        // calls skip autograd's and view tracking's kernels.
+        const at::AutoDispatchBelowADInplaceOrView below_autograd;
         op.callBoxedForDispatchKey(c10::DispatchKey::CPU, kernel_stack);
       } else {
         // A composite CPU entry (Fallback.cpp, bottom), found only through

@@ -106,13 +106,6 @@ class Input {
     return std::nullopt;  // another device: the generic path says so
   }
 
-  at::Tensor toKernel(KernelAliases& aliases) const {
-    if (device_) {
-      return aliases.alias(*device_);
-    }
-    return scalarTensor();
-  }
-
   // The input as a probe of the CPU kernel receives it (CpuAdmission.h).
   at::Tensor toProbe(const at::Tensor& given) const {
     return device_ ? probeTensor(given) : scalarTensor();
@@ -135,14 +128,12 @@ class Input {
     return !device_ && (value_.isFloatingPoint() || value_.isIntegral(false));
   }
 
- private:
+  // A CPU scalar input as the CPU kernel receives it.
   at::Tensor scalarTensor() const {
     at::Tensor t = at::scalar_tensor(value_, at::TensorOptions(dtype_));
     t.unsafeGetTensorImpl()->set_wrapped_number(wrapped_);
     return t;
   }
-
- public:
 
  private:
   explicit Input(DeviceTensorRef ref) : device_(std::move(ref)) {}
@@ -340,13 +331,23 @@ void queueBinary(Binary op, const at::Tensor& out, Input a, Input b,
                 });
     return;
   }
-  launchAsync(getCurrentPhantomStream(device.index()), nameOf(op),
+  const PhantomStream stream = getCurrentPhantomStream(device.index());
+  launchAsync(stream, nameOf(op),
               [op, out = DeviceTensorRef(out), a = std::move(a),
-               b = std::move(b), alpha] {
-                KernelAliases aliases;
-                at::Tensor result = aliases.alias(out);
-                runBinary(op, result, a.toKernel(aliases), b.toKernel(aliases),
-                          alpha);
+               b = std::move(b), alpha, aliases = NodeAliases::forStream(stream)] {
+                // [out, a?, b?]: a CPU scalar input is made at each run.
+                c10::SmallVector<const DeviceTensorRef*, 3> refs{&out};
+                if (a.deviceRef()) refs.push_back(a.deviceRef());
+                if (b.deviceRef()) refs.push_back(b.deviceRef());
+                aliases.run(refs, [&](c10::ArrayRef<at::Tensor> cpu) {
+                  // As the CPU's autograd kernel calls the CPU kernel.
+                  const at::AutoDispatchBelowADInplaceOrView below_autograd;
+                  size_t next = 1;
+                  const at::Tensor a_cpu = a.deviceRef() ? cpu[next++] : a.scalarTensor();
+                  const at::Tensor b_cpu = b.deviceRef() ? cpu[next++] : b.scalarTensor();
+                  at::Tensor result = cpu[0];
+                  runBinary(op, result, a_cpu, b_cpu, alpha);
+                });
               });
 }
 
