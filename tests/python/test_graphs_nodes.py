@@ -26,6 +26,8 @@ def _capture(fn, *static_inputs):
 
 def _bits_equal(a, b):
     assert a.dtype == b.dtype and a.shape == b.shape
+    if a.dtype == torch.bool:
+        return torch.equal(a, b)
     ints = {torch.float32: torch.int32, torch.float64: torch.int64}[a.dtype]
     return torch.equal(a.contiguous().view(ints), b.contiguous().view(ints))
 
@@ -40,7 +42,10 @@ def _structured_and_copy_ops(x, w, b, m):
     bm = torch.bmm(m, m.transpose(1, 2)).contiguous()
     ln = torch.nn.functional.layer_norm(h, (h.shape[-1],), w[0], b)
     scaled = m.transpose(1, 2) * b[: m.shape[1]].view(1, 1, -1)
-    return h, s, bm, ln, scaled, s.sum(dim=0)
+    # The generic path: gt, where, cumsum, isneginf.
+    generic = torch.where(h > 0.5, h, s).cumsum(dim=1)
+    return (h, s, bm, ln, scaled, s.sum(dim=0), generic,
+            torch.isneginf(m.log()))
 
 
 def test_replays_read_each_replays_input_data_bit_for_bit():
