@@ -112,7 +112,9 @@ class KernelAliases {
 // describe the device tensors exactly: each storage's kernel view is where
 // the aliases point (ph_kernel_address is asked again at every run: the
 // HAL does not promise a fixed kernel view), and no kernel changed their
-// geometry. Otherwise they are built again. Work that runs once (eager
+// geometry. Otherwise they are built again. Kept aliases go with the
+// graph's node, destroyed on a host thread like every finished launch's
+// closure (Launch.h, releaseFinishedWork). Work that runs once (eager
 // ops, not captured) builds them at its run and drops them at its end on
 // the worker, as a local KernelAliases does. Should two streams run the
 // same node at once (replays of one graph on two streams, unordered), the
