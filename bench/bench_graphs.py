@@ -19,14 +19,23 @@ Cases:
 - decoder: a Transformer decoder layer (width 256, 4 heads) at batch 1, one
   decode step (one new token against 16 positions of memory).
 
+With --nodes, each case's replay is also broken down node by node: 200
+replays under torch.profiler (ProfilerActivity.PrivateUse1), each node's
+device time (the fake's activity trace times every node of a replay) as
+the median over replays, in capture order. The profiler adds its own cost
+to every node, so the sum is above an unprofiled replay's time; the table
+says where a replay's time goes, not what it costs.
+
     python bench/bench_graphs.py            # ~30 s
     python bench/bench_graphs.py --quick    # a few rounds, smoke test
+    python bench/bench_graphs.py --nodes    # and a per-node table per case
 """
 import argparse
 import statistics
 import time
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 
 import torch_phantom  # noqa: F401
 
@@ -98,6 +107,31 @@ def arms_for(case):
     return {"cpu": cpu_fn, "phantom eager": ph_fn, "phantom graph": g.replay}
 
 
+def node_times(replay, replays=200):
+    """[(node name, median device us)] of one graph's nodes, in order, and
+    the median device time of the whole replay."""
+    with profile(activities=[ProfilerActivity.PrivateUse1]) as prof:
+        for _ in range(replays):
+            replay()
+        torch.phantom.synchronize()
+    events = sorted(
+        (e for e in prof.events()
+         if e.device_type != torch.autograd.DeviceType.CPU),
+        key=lambda e: e.time_range.start)
+    launches, nodes = [], []
+    for e in events:
+        if e.name == "ph_graph_launch":
+            launches.append(e.time_range.end - e.time_range.start)
+            nodes.append([])
+        elif nodes:
+            nodes[-1].append((e.name, e.time_range.end - e.time_range.start))
+    per_node = []
+    for i, (name, _) in enumerate(nodes[0]):
+        per_node.append(
+            (name, statistics.median(run[i][1] for run in nodes if len(run) > i)))
+    return per_node, statistics.median(launches)
+
+
 def sample(fn, inner, on_phantom):
     start = time.perf_counter()
     for _ in range(inner):
@@ -131,6 +165,8 @@ def run_case(case, rounds, inner):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--nodes", action="store_true",
+                        help="also time each case's replay node by node")
     args = parser.parse_args()
     rounds, inner = (3, 5) if args.quick else (15, 30)
     torch.set_num_threads(1)
@@ -142,6 +178,20 @@ def main():
               f"{per['phantom graph']:.0f} us")
         for key in ("phantom eager / graph", "cpu / graph", "phantom eager / cpu"):
             print(f"  {key}: {result[key]:.2f}x")
+        if args.nodes:
+            per_node, launch = node_times(arms_for(case)["phantom graph"])
+            print(f"  nodes of one replay (profiled, median us; the replay "
+                  f"{launch:.1f} us):")
+            if len(per_node) > 40:  # the chain: by op
+                by_name = {}
+                for name, us in per_node:
+                    count, total = by_name.get(name, (0, 0.0))
+                    by_name[name] = (count + 1, total + us)
+                for name, (count, total) in by_name.items():
+                    print(f"    {count:3d} x {name:36s} {total:8.2f} in all")
+            else:
+                for i, (name, us) in enumerate(per_node):
+                    print(f"    {i:3d} {name:40s} {us:8.2f}")
 
 
 if __name__ == "__main__":

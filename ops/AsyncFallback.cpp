@@ -56,6 +56,7 @@
 #include <phantom/ops/RememberedOutputs.h>
 #include <phantom/ops/TrialRun.h>
 
+#include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
@@ -148,17 +149,25 @@ struct KernelArgument {
     }
   }
 
-  c10::IValue toKernel(KernelAliases& aliases) const {
+  // Appends the device tensors this argument holds, in order.
+  void collectRefs(c10::SmallVectorImpl<const DeviceTensorRef*>& out) const {
+    for (const std::optional<DeviceTensorRef>& ref : refs) {
+      if (ref) out.push_back(&*ref);
+    }
+  }
+
+  // The argument as the CPU kernel receives it; its device tensors are
+  // aliases[*next], aliases[*next + 1], ... (collectRefs's order).
+  c10::IValue toKernel(c10::ArrayRef<at::Tensor> aliases, size_t* next) const {
     switch (kind) {
       case Kind::kValue:
         return value;
       case Kind::kTensor:
-        return aliases.alias(*refs[0]);
+        return aliases[(*next)++];
       case Kind::kTensorList: {
         c10::List<at::Tensor> list;
         for (size_t i = 0; i < refs.size(); ++i) {
-          list.push_back(refs[i] ? aliases.alias(*refs[i])
-                                 : hosts[i].toTensor());
+          list.push_back(refs[i] ? aliases[(*next)++] : hosts[i].toTensor());
         }
         return list;
       }
@@ -166,7 +175,7 @@ struct KernelArgument {
         c10::List<std::optional<at::Tensor>> list;
         for (size_t i = 0; i < refs.size(); ++i) {
           if (refs[i]) {
-            list.push_back(aliases.alias(*refs[i]));
+            list.push_back(aliases[(*next)++]);
           } else if (hosts[i].isTensor()) {
             list.push_back(hosts[i].toTensor());
           } else {
@@ -269,71 +278,85 @@ void queueCpuKernel(const c10::OperatorHandle& op,
   const PhantomStream stream = getCurrentPhantomStream(device.index());
   const bool one_thread = runsOnOneThread(op.operator_name(), args);
   auto work = [op, kernel_args = std::move(kernel_args), fresh = std::move(fresh),
-               wrong = std::move(wrong), one_thread] {
-    KernelAliases aliases;
-    torch::jit::Stack kernel_stack;
-    kernel_stack.reserve(kernel_args.size());
+               wrong = std::move(wrong), one_thread,
+               aliases = NodeAliases::forStream(stream)] {
+    // Every device tensor: the arguments', in order, then the outputs.
+    c10::SmallVector<const DeviceTensorRef*, 8> refs;
     for (const KernelArgument& arg : kernel_args) {
-      kernel_stack.push_back(arg.toKernel(aliases));
+      arg.collectRefs(refs);
     }
-    // Each large dense output's memory is offered to the kernel's
-    // allocation of its size, so the result may be computed in place
-    // (KernelHostMemory.h, "Lending").
-    c10::SmallVector<at::Tensor, 4> outs;
-    LendingScope lending;
     for (const auto& entry : fresh) {
-      outs.push_back(aliases.alias(entry.second));
-      const at::Tensor& out = outs.back();
-      if (out.numel() > 0 && out.is_non_overlapping_and_dense()) {
-        lending.offer(out.data_ptr(), out.nbytes());
-      }
+      refs.push_back(&entry.second);
     }
-    {
-      const OneThreadScope threads(one_thread);  // KernelThreads.h
-      // Delivered at the call already (KernelWarnings.cpp); on the worker
-      // they would only be printed to stderr.
-      WarningCapture dropped;
-      if (op.hasKernelForDispatchKey(c10::DispatchKey::CPU)) {
-        op.callBoxedForDispatchKey(c10::DispatchKey::CPU, kernel_stack);
-      } else {
-        // A composite CPU entry (Fallback.cpp, bottom), found only through
-        // the dispatch table; it runs its ops on the CPU aliases.
-        op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &kernel_stack);
+    aliases.run(refs, [&](c10::ArrayRef<at::Tensor> aliased) {
+      size_t next = 0;
+      torch::jit::Stack kernel_stack;
+      kernel_stack.reserve(kernel_args.size());
+      for (const KernelArgument& arg : kernel_args) {
+        kernel_stack.push_back(arg.toKernel(aliased, &next));
       }
-    }
-    lending.close();
-    std::vector<at::Tensor> cpu_results;
-    flattenResults(kernel_stack, cpu_results);
-    kernel_stack.clear();
-    for (size_t i = 0; i < fresh.size(); ++i) {
-      const size_t index = fresh[i].first;
-      TORCH_CHECK(index < cpu_results.size(),
-                  "the CPU kernel returned fewer results than its Meta kernel");
-      const at::Tensor& out = outs[i];
-      const at::Tensor& cpu = cpu_results[index];
-      // copy_ would broadcast a smaller result: a wrong answer computed
-      // ahead must fail loudly instead, and not be used again.
-      if (!cpu.defined()) {
-        if (wrong) wrong->store(true);
-        TORCH_CHECK(false, "result ", index, " of the CPU kernel is None, but a "
-                    "tensor of shape ", out.sizes(), " was computed ahead for it "
-                    "on the host");
+      // Each large dense output's memory is offered to the kernel's
+      // allocation of its size, so the result may be computed in place
+      // (KernelHostMemory.h, "Lending").
+      c10::SmallVector<at::Tensor, 4> outs;
+      LendingScope lending;
+      for (size_t i = 0; i < fresh.size(); ++i) {
+        outs.push_back(aliased[next++]);
+        const at::Tensor& out = outs.back();
+        if (out.numel() > 0 && out.is_non_overlapping_and_dense()) {
+          lending.offer(out.data_ptr(), out.nbytes());
+        }
       }
-      if (cpu.sizes() != out.sizes() || cpu.dtype() != out.dtype()) {
-        if (wrong) wrong->store(true);
-        TORCH_CHECK(false, "result ", index, " of the CPU kernel has shape ",
-                    cpu.sizes(), " and dtype ", cpu.dtype(), ", but ",
-                    out.sizes(), " and ", out.dtype(), " were computed ahead "
-                    "for it on the host: the output depends on the data. ",
-                    wrong ? "Later calls with these argument shapes wait for "
-                            "the CPU kernel"
-                          : "Run with PHANTOM_SYNC_GENERIC=1 to work around "
-                            "it, and report it");
+      {
+        const OneThreadScope threads(one_thread);  // KernelThreads.h
+        // Delivered at the call already (KernelWarnings.cpp); on the worker
+        // they would only be printed to stderr.
+        WarningCapture dropped;
+        if (op.hasKernelForDispatchKey(c10::DispatchKey::CPU)) {
+          // As the CPU's autograd kernel calls it: the ops the CPU kernel
+          // calls skip autograd's and view tracking's kernels.
+          const at::AutoDispatchBelowADInplaceOrView below_autograd;
+          op.callBoxedForDispatchKey(c10::DispatchKey::CPU, kernel_stack);
+        } else {
+          // A composite CPU entry (Fallback.cpp, bottom), found only through
+          // the dispatch table; it runs its ops on the CPU aliases.
+          op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &kernel_stack);
+        }
       }
-    }
-    copyResultsIntoOutputs(outs, fresh, cpu_results);
-    cpu_results.clear();
-    lending.requireNothingKept(op.schema().name().c_str());
+      lending.close();
+      std::vector<at::Tensor> cpu_results;
+      flattenResults(kernel_stack, cpu_results);
+      kernel_stack.clear();
+      for (size_t i = 0; i < fresh.size(); ++i) {
+        const size_t index = fresh[i].first;
+        TORCH_CHECK(index < cpu_results.size(),
+                    "the CPU kernel returned fewer results than its Meta kernel");
+        const at::Tensor& out = outs[i];
+        const at::Tensor& cpu = cpu_results[index];
+        // copy_ would broadcast a smaller result: a wrong answer computed
+        // ahead must fail loudly instead, and not be used again.
+        if (!cpu.defined()) {
+          if (wrong) wrong->store(true);
+          TORCH_CHECK(false, "result ", index, " of the CPU kernel is None, but a "
+                      "tensor of shape ", out.sizes(), " was computed ahead for it "
+                      "on the host");
+        }
+        if (cpu.sizes() != out.sizes() || cpu.dtype() != out.dtype()) {
+          if (wrong) wrong->store(true);
+          TORCH_CHECK(false, "result ", index, " of the CPU kernel has shape ",
+                      cpu.sizes(), " and dtype ", cpu.dtype(), ", but ",
+                      out.sizes(), " and ", out.dtype(), " were computed ahead "
+                      "for it on the host: the output depends on the data. ",
+                      wrong ? "Later calls with these argument shapes wait for "
+                              "the CPU kernel"
+                            : "Run with PHANTOM_SYNC_GENERIC=1 to work around "
+                              "it, and report it");
+        }
+      }
+      copyResultsIntoOutputs(outs, fresh, cpu_results);
+      cpu_results.clear();
+      lending.requireNothingKept(op.schema().name().c_str());
+    });
   };
   if (generator != nullptr) {
     generator->queueDraw(stream, [&] {

@@ -34,6 +34,7 @@
 #include <phantom/KernelAliases.h>
 #include <phantom/ops/GenericPath.h>
 
+#include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -201,10 +202,15 @@ void copyOnDevice(const at::Tensor& src, const at::Tensor& dst) {
     runGenericBoxed("aten::copy_", "", &stack);
     return;
   }
-  launchAsync(getCurrentPhantomStream(dst.device().index()), "aten::copy_",
-              [from = DeviceTensorRef(src), to = DeviceTensorRef(dst)] {
-                KernelAliases aliases;
-                aliases.alias(to).copy_(aliases.alias(from));
+  const PhantomStream stream = getCurrentPhantomStream(dst.device().index());
+  launchAsync(stream, "aten::copy_",
+              [from = DeviceTensorRef(src), to = DeviceTensorRef(dst),
+               aliases = NodeAliases::forStream(stream)] {
+                aliases.run({&to, &from}, [](c10::ArrayRef<at::Tensor> cpu) {
+                  // As the CPU's autograd kernel calls the CPU kernel.
+                  const at::AutoDispatchBelowADInplaceOrView below_autograd;
+                  at::Tensor(cpu[0]).copy_(cpu[1]);
+                });
               });
 }
 

@@ -35,6 +35,7 @@
 #include <phantom/Exception.h>
 #include <phantom/hal.h>
 
+#include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/boxing/impl/boxing.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -105,13 +106,6 @@ class Input {
     return std::nullopt;  // another device: the generic path says so
   }
 
-  at::Tensor toKernel(KernelAliases& aliases) const {
-    if (device_) {
-      return aliases.alias(*device_);
-    }
-    return scalarTensor();
-  }
-
   // The input as a probe of the CPU kernel receives it (CpuAdmission.h).
   at::Tensor toProbe(const at::Tensor& given) const {
     return device_ ? probeTensor(given) : scalarTensor();
@@ -134,14 +128,12 @@ class Input {
     return !device_ && (value_.isFloatingPoint() || value_.isIntegral(false));
   }
 
- private:
+  // A CPU scalar input as the CPU kernel receives it.
   at::Tensor scalarTensor() const {
     at::Tensor t = at::scalar_tensor(value_, at::TensorOptions(dtype_));
     t.unsafeGetTensorImpl()->set_wrapped_number(wrapped_);
     return t;
   }
-
- public:
 
  private:
   explicit Input(DeviceTensorRef ref) : device_(std::move(ref)) {}
@@ -339,13 +331,23 @@ void queueBinary(Binary op, const at::Tensor& out, Input a, Input b,
                 });
     return;
   }
-  launchAsync(getCurrentPhantomStream(device.index()), nameOf(op),
+  const PhantomStream stream = getCurrentPhantomStream(device.index());
+  launchAsync(stream, nameOf(op),
               [op, out = DeviceTensorRef(out), a = std::move(a),
-               b = std::move(b), alpha] {
-                KernelAliases aliases;
-                at::Tensor result = aliases.alias(out);
-                runBinary(op, result, a.toKernel(aliases), b.toKernel(aliases),
-                          alpha);
+               b = std::move(b), alpha, aliases = NodeAliases::forStream(stream)] {
+                // [out, a?, b?]: a CPU scalar input is made at each run.
+                c10::SmallVector<const DeviceTensorRef*, 3> refs{&out};
+                if (a.deviceRef()) refs.push_back(a.deviceRef());
+                if (b.deviceRef()) refs.push_back(b.deviceRef());
+                aliases.run(refs, [&](c10::ArrayRef<at::Tensor> cpu) {
+                  // As the CPU's autograd kernel calls the CPU kernel.
+                  const at::AutoDispatchBelowADInplaceOrView below_autograd;
+                  size_t next = 1;
+                  const at::Tensor a_cpu = a.deviceRef() ? cpu[next++] : a.scalarTensor();
+                  const at::Tensor b_cpu = b.deviceRef() ? cpu[next++] : b.scalarTensor();
+                  at::Tensor result = cpu[0];
+                  runBinary(op, result, a_cpu, b_cpu, alpha);
+                });
               });
 }
 
@@ -582,6 +584,24 @@ NativeOpCounter relu_inplace_counter("aten::relu_");
 
 CpuAdmission relu_admission;
 
+// relu's direct loop, for float and double tensors too small for the CPU
+// kernel to go parallel. The CPU's clamp_min kernel computes max(a, 0) as
+// a < 0 ? 0 : a, in its vector lanes (max_ps(0, a) returns a when a is
+// NaN or a zero) and in its scalar tail (std::max(a, 0)) alike, so this
+// loop is bit-identical to it: NaNs keep their payload and sign, -0 stays
+// -0 (tests/python/test_graphs_nodes.py compares the bits).
+template <typename T>
+void reluLoop(const DeviceTensorRef& in, const DeviceTensorRef& out) {
+  const int64_t n = c10::multiply_integers(out.sizes);
+  const T* x = kernelPointer<T>(in);
+  T* o = kernelPointer<T>(out);
+  // `out` is `in` itself (relu_) or a fresh tensor.
+#pragma GCC ivdep
+  for (int64_t i = 0; i < n; ++i) {
+    o[i] = x[i] < T(0) ? T(0) : x[i];
+  }
+}
+
 bool reluQueued(const at::Tensor& self, const at::Tensor& out) {
   if (!isPlainPhantom(self) || !computedFloatingType(self.scalar_type())) {
     return false;
@@ -596,11 +616,30 @@ bool reluQueued(const at::Tensor& self, const at::Tensor& out) {
     return false;
   }
   const c10::DeviceGuard guard(self.device());
-  launchAsync(getCurrentPhantomStream(self.device().index()), "aten::relu",
-              [in = DeviceTensorRef(self), out = DeviceTensorRef(out)] {
-                KernelAliases aliases;
-                at::Tensor result = aliases.alias(out);
-                at::cpu::clamp_min_out(result, aliases.alias(in), 0);
+  const PhantomStream stream = getCurrentPhantomStream(self.device().index());
+  const c10::ScalarType dtype = self.scalar_type();
+  if ((dtype == c10::kFloat || dtype == c10::kDouble) && self.numel() > 0 &&
+      self.numel() <= at::internal::GRAIN_SIZE) {
+    // Both contiguous (the callers' condition): out is self or fresh.
+    launchAsync(stream, "aten::relu",
+                [in = DeviceTensorRef(self), out = DeviceTensorRef(out),
+                 is_float = dtype == c10::kFloat] {
+                  if (is_float) {
+                    reluLoop<float>(in, out);
+                  } else {
+                    reluLoop<double>(in, out);
+                  }
+                });
+    return true;
+  }
+  launchAsync(stream, "aten::relu",
+              [in = DeviceTensorRef(self), out = DeviceTensorRef(out),
+               aliases = NodeAliases::forStream(stream)] {
+                aliases.run({&out, &in}, [](c10::ArrayRef<at::Tensor> cpu) {
+                  const at::AutoDispatchBelowADInplaceOrView below_autograd;
+                  at::Tensor result = cpu[0];
+                  at::cpu::clamp_min_out(result, cpu[1], 0);
+                });
               });
   return true;
 }

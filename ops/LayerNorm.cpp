@@ -28,6 +28,7 @@
 #include <phantom/KernelAliases.h>
 #include <phantom/ops/OpsReport.h>
 
+#include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/native/layer_norm.h>
 #include <ATen/ops/native_layer_norm_backward_native.h>
@@ -144,21 +145,32 @@ Tensors3 layerNorm(const at::Tensor& input, c10::IntArrayRef normalized_shape,
       at::Tensor mean = at::empty(stat_shape, input.options());
       at::Tensor rstd = at::empty(stat_shape, input.options());
       forward_counter.count();
+      const PhantomStream stream = getCurrentPhantomStream(input.device().index());
       launchAsync(
-          getCurrentPhantomStream(input.device().index()), forward_counter.op(),
+          stream, forward_counter.op(),
           [x = DeviceTensorRef(input), gamma = refOf(weight), beta = refOf(bias),
            y = DeviceTensorRef(y), mean = DeviceTensorRef(mean),
            rstd = DeviceTensorRef(rstd),
            shape = c10::SmallVector<int64_t, 4>(normalized_shape.begin(),
                                                 normalized_shape.end()),
-           eps] {
-            KernelAliases aliases;
-            const auto [y_cpu, mean_cpu, rstd_cpu] = at::native::layer_norm_cpu(
-                aliases.alias(x), shape, aliasOf(aliases, gamma),
-                aliasOf(aliases, beta), eps);
-            aliases.alias(y).copy_(y_cpu);
-            aliases.alias(mean).copy_(mean_cpu);
-            aliases.alias(rstd).copy_(rstd_cpu);
+           eps, aliases = NodeAliases::forStream(stream)] {
+            // [x, y, mean, rstd, gamma?, beta?]
+            c10::SmallVector<const DeviceTensorRef*, 6> refs{&x, &y, &mean, &rstd};
+            if (gamma) refs.push_back(&*gamma);
+            if (beta) refs.push_back(&*beta);
+            aliases.run(refs, [&](c10::ArrayRef<at::Tensor> cpu) {
+              // As the CPU's autograd kernel calls the CPU kernel.
+              const at::AutoDispatchBelowADInplaceOrView below_autograd;
+              size_t next = 4;
+              std::optional<at::Tensor> gamma_cpu, beta_cpu;
+              if (gamma) gamma_cpu = cpu[next++];
+              if (beta) beta_cpu = cpu[next++];
+              const auto [y_cpu, mean_cpu, rstd_cpu] = at::native::layer_norm_cpu(
+                  cpu[0], shape, gamma_cpu, beta_cpu, eps);
+              at::Tensor(cpu[1]).copy_(y_cpu);
+              at::Tensor(cpu[2]).copy_(mean_cpu);
+              at::Tensor(cpu[3]).copy_(rstd_cpu);
+            });
           });
       return {y, mean, rstd};
     }

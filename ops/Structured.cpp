@@ -30,6 +30,7 @@
 #include <phantom/KernelAliases.h>
 #include <phantom/ops/OpsReport.h>
 
+#include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/_log_softmax_backward_data_cpu_dispatch.h>
 #include <ATen/ops/_log_softmax_backward_data_meta_dispatch.h>
@@ -136,20 +137,32 @@ at::Tensor queueKernel(const char* name, c10::Device device,
   at::Tensor out = at::empty_strided(
       meta_out.sizes(), meta_out.strides(),
       at::TensorOptions(meta_out.scalar_type()).device(device));
-  c10::SmallVector<DeviceTensorRef, N> refs;
+  // refs[0] is the output, then the inputs in order.
+  c10::SmallVector<DeviceTensorRef, N + 1> refs;
+  refs.emplace_back(out);
   for (const at::Tensor* t : tensors) {
     refs.emplace_back(*t);
   }
-  launchAsync(getCurrentPhantomStream(device.index()), name,
-              [out_ref = DeviceTensorRef(out), refs = std::move(refs),
-               kernel = std::move(kernel)] {
-                KernelAliases aliases;
-                at::Tensor result = aliases.alias(out_ref);
-                std::array<at::Tensor, N> in;
-                for (size_t i = 0; i < N; ++i) {
-                  in[i] = aliases.alias(refs[i]);
+  const PhantomStream stream = getCurrentPhantomStream(device.index());
+  launchAsync(stream, name,
+              [refs = std::move(refs), kernel = std::move(kernel),
+               aliases = NodeAliases::forStream(stream)] {
+                std::array<const DeviceTensorRef*, N + 1> pointers;
+                for (size_t i = 0; i <= N; ++i) {
+                  pointers[i] = &refs[i];
                 }
-                kernel(result, in);
+                aliases.run(pointers, [&](c10::ArrayRef<at::Tensor> cpu) {
+                  // As the CPU's autograd kernel calls the CPU kernel: the
+                  // ops it calls skip autograd's and view tracking's
+                  // kernels (the same kernels, less dispatch).
+                  const at::AutoDispatchBelowADInplaceOrView below_autograd;
+                  at::Tensor result = cpu[0];
+                  std::array<at::Tensor, N> in;
+                  for (size_t i = 0; i < N; ++i) {
+                    in[i] = cpu[i + 1];
+                  }
+                  kernel(result, in);
+                });
               });
   return out;
 }

@@ -1,7 +1,9 @@
 // See phantom/KernelAliases.h.
 #include <phantom/Exception.h>
 #include <phantom/BoundsCheck.h>
+#include <phantom/Graph.h>
 #include <phantom/KernelAliases.h>
+#include <phantom/PrivatePool.h>
 
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
@@ -193,6 +195,59 @@ at::Tensor phantomViewLike(const c10::Storage& storage, const at::Tensor& cpu) {
   impl->_set_conj(cpu.is_conj());
   impl->_set_neg(cpu.is_neg());
   return view;
+}
+
+NodeAliases NodeAliases::forStream(const PhantomStream& stream) {
+  NodeAliases aliases;
+  // One relaxed load when no capture is underway (every eager op).
+  if (privatePoolRoutingActive() && isStreamCapturing(stream.unwrap())) {
+    aliases.kept_ = std::make_shared<Kept>();
+  }
+  return aliases;
+}
+
+c10::SmallVector<at::Tensor, 6> NodeAliases::build(
+    c10::ArrayRef<const DeviceTensorRef*> refs) {
+  KernelAliases aliases;  // shares one CPU storage per device storage
+  c10::SmallVector<at::Tensor, 6> tensors;
+  for (const DeviceTensorRef* ref : refs) {
+    tensors.push_back(aliases.alias(*ref));
+  }
+  return tensors;
+}
+
+namespace {
+
+// Whether `cpu`, an alias built for `ref`, still is exactly that alias.
+bool stillAliases(const at::Tensor& cpu, const DeviceTensorRef& ref) {
+  const c10::TensorImpl* impl = cpu.unsafeGetTensorImpl();
+  if (!impl->has_storage()) return false;
+  const c10::Storage& storage = impl->unsafe_storage();
+  void* expected = nullptr;
+  if (ref.storage_data != nullptr &&
+      ph_kernel_address(ref.storage_data, &expected) != PH_SUCCESS) {
+    return false;
+  }
+  return storage.data() == expected && storage.nbytes() == ref.storage_nbytes &&
+         impl->dtype() == ref.dtype && impl->sizes() == c10::IntArrayRef(ref.sizes) &&
+         impl->strides() == c10::IntArrayRef(ref.strides) &&
+         impl->storage_offset() == ref.storage_offset &&
+         impl->is_conj() == ref.is_conj && impl->is_neg() == ref.is_neg;
+}
+
+}  // namespace
+
+const std::vector<at::Tensor>& NodeAliases::Kept::current(
+    c10::ArrayRef<const DeviceTensorRef*> refs) {
+  bool exact = tensors.size() == refs.size();
+  for (size_t i = 0; exact && i < refs.size(); ++i) {
+    exact = stillAliases(tensors[i], *refs[i]);
+  }
+  if (!exact) {
+    const c10::SmallVector<at::Tensor, 6> fresh = build(refs);
+    tensors.assign(fresh.begin(), fresh.end());
+  }
+  return tensors;
 }
 
 bool computedIn(const at::Tensor& cpu, const at::Tensor& out) {

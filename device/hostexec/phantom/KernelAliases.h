@@ -30,9 +30,14 @@
 // conjugate and negative bits a kernel set on them.
 #pragma once
 
+#include <phantom/Stream.h>
+
 #include <ATen/core/Tensor.h>
+#include <c10/util/ArrayRef.h>
 #include <c10/util/SmallVector.h>
 
+#include <atomic>
+#include <memory>
 #include <optional>
 #include <unordered_map>
 #include <utility>
@@ -94,6 +99,63 @@ class KernelAliases {
   std::unordered_map<const c10::TensorImpl*, size_t> by_impl_;
   std::unordered_map<const void*, Entry> by_key_;
   std::unordered_map<const c10::StorageImpl*, const Entry*> by_cpu_;
+};
+
+// The CPU aliases of a queued kernel's tensors, kept from one run to the
+// next when the kernel is a graph node.
+//
+// A graph replays each node over the same device tensors, so building the
+// aliases (a CPU storage and tensor per argument) and destroying them again
+// at every replay would cost as much as a small kernel's arithmetic. A
+// kernel recorded into a graph (forStream, while its stream captures) keeps
+// the aliases its first run built; a later run reuses them when they still
+// describe the device tensors exactly: each storage's kernel view is where
+// the aliases point (ph_kernel_address is asked again at every run: the
+// HAL does not promise a fixed kernel view), and no kernel changed their
+// geometry. Otherwise they are built again. Kept aliases go with the
+// graph's node, destroyed on a host thread like every finished launch's
+// closure (Launch.h, releaseFinishedWork). Work that runs once (eager
+// ops, not captured) builds them at its run and drops them at its end on
+// the worker, as a local KernelAliases does. Should two streams run the
+// same node at once (replays of one graph on two streams, unordered), the
+// second one builds its own aliases for that run.
+class NodeAliases {
+ public:
+  NodeAliases() = default;  // built and dropped at every run
+  // Kept between runs if `stream` is capturing a graph (the work about to
+  // be queued on it is recorded, to be replayed).
+  static NodeAliases forStream(const PhantomStream& stream);
+
+  // Calls kernel(c10::ArrayRef<at::Tensor>) with the CPU aliases of `refs`,
+  // in order (the aliases of one storage share a CPU storage, as with
+  // KernelAliases). Runs on the stream's worker.
+  template <typename Kernel>
+  void run(c10::ArrayRef<const DeviceTensorRef*> refs, Kernel&& kernel) const {
+    if (kept_ && !kept_->busy.exchange(true, std::memory_order_acquire)) {
+      const BusyRelease release{kept_->busy};
+      kernel(c10::ArrayRef<at::Tensor>(kept_->current(refs)));
+      return;
+    }
+    const c10::SmallVector<at::Tensor, 6> local = build(refs);
+    kernel(c10::ArrayRef<at::Tensor>(local));
+  }
+
+ private:
+  struct Kept {
+    std::atomic<bool> busy{false};
+    std::vector<at::Tensor> tensors;
+    // The aliases of `refs`: the kept ones if still exact, else new ones.
+    const std::vector<at::Tensor>& current(
+        c10::ArrayRef<const DeviceTensorRef*> refs);
+  };
+  struct BusyRelease {
+    std::atomic<bool>& busy;
+    ~BusyRelease() { busy.store(false, std::memory_order_release); }
+  };
+  static c10::SmallVector<at::Tensor, 6> build(
+      c10::ArrayRef<const DeviceTensorRef*> refs);
+
+  std::shared_ptr<Kept> kept_;
 };
 
 // Whether the CPU result `cpu` already is `out` (an alias of a device
