@@ -47,7 +47,9 @@ of the rounds' phantom/CPU quotients: the CPU arm, in the same process at
 the same moment, takes out the machine's load and speed. The off-cost of
 a pair is the ON child's ratio over the OFF child's; the script prints
 the median over the pairs (--pairs, at least 5) with its range, and the
-load average before and after.
+load average before and after. Run it under `taskset -c 1` on a small
+machine: children pinned to one core keep their host thread and worker
+together, and their ratios spread far less from process to process.
 """
 import argparse
 import json
