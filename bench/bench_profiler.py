@@ -72,17 +72,19 @@ def chain(x):
     return x
 
 
+def timed(x, on_phantom, inner):
+    """Seconds for `inner` chains on `x`, the queued work included."""
+    start = time.perf_counter()
+    for _ in range(inner):
+        chain(x)
+    if on_phantom:
+        torch.phantom.synchronize()
+    return time.perf_counter() - start
+
+
 def arms():
     cpu_x = torch.randn(1000)
     ph_x = cpu_x.to("phantom")
-
-    def timed(x, on_phantom, inner):
-        start = time.perf_counter()
-        for _ in range(inner):
-            chain(x)
-        if on_phantom:
-            torch.phantom.synchronize()
-        return time.perf_counter() - start
 
     def profiled(activities):
         def run(inner):
@@ -107,24 +109,15 @@ def chain_ratio(rounds, inner):
     over the CPU's, and each arm's median time per chain (ms)."""
     cpu_x = torch.randn(1000)
     ph_x = cpu_x.to("phantom")
-
-    def timed(x, on_phantom):
-        start = time.perf_counter()
-        for _ in range(inner):
-            chain(x)
-        if on_phantom:
-            torch.phantom.synchronize()
-        return time.perf_counter() - start
-
-    timed(cpu_x, False), timed(ph_x, True)  # warm up
+    timed(cpu_x, False, inner), timed(ph_x, True, inner)  # warm up
     cpu, phantom = [], []
     for r in range(rounds):
         if r % 2:
-            cpu.append(timed(cpu_x, False))
-            phantom.append(timed(ph_x, True))
+            cpu.append(timed(cpu_x, False, inner))
+            phantom.append(timed(ph_x, True, inner))
         else:
-            phantom.append(timed(ph_x, True))
-            cpu.append(timed(cpu_x, False))
+            phantom.append(timed(ph_x, True, inner))
+            cpu.append(timed(cpu_x, False, inner))
     return {
         "ratio": statistics.median(p / c for p, c in zip(phantom, cpu)),
         "phantom_ms": 1e3 * statistics.median(phantom) / inner,
