@@ -315,6 +315,7 @@ def test_an_op_with_a_python_meta_kernel_is_queued_from_its_first_call():
     expected = table.index_select(0, index)
     t, i = table.to("phantom"), index.to("phantom")
     stream = P.Stream()
+    stream.wait_stream(P.current_stream())  # t and i are written on the default stream
     torch_phantom.reset_ops_report()
     slow_kernel_on(stream)
     with P.stream(stream):

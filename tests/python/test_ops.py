@@ -583,7 +583,9 @@ def test_hot_elementwise_cpu_scalars_promote_as_on_cpu_and_are_read_at_the_call(
     # must not change the result.
     torch.phantom.synchronize()
     y = torch.randn(1000, device="phantom")
-    with torch.phantom.stream(torch.phantom.Stream()):
+    side = torch.phantom.Stream()
+    side.wait_stream(torch.phantom.current_stream())  # y is written on the default stream
+    with torch.phantom.stream(side):
         faults.set_latency_us(20000)  # the kernel runs late
         try:
             value = torch.tensor(3.0)

@@ -258,6 +258,7 @@ def test_a_draw_is_queued_and_still_draws_the_cpus_numbers():
     assert pending, "normal_ waited for the device instead of queueing"
     assert _async_count("aten::normal_") == before + 1
     torch.manual_seed(SEED)
+    stream.synchronize()  # x is read on the default stream
     assert torch.equal(x.cpu(), torch.empty(1000).normal_())
 
 
@@ -311,6 +312,7 @@ def test_a_waiting_random_op_draws_after_the_queued_ones():
             if r["op"] == "phantom_test_draws::draw_n"] == [1]
     torch.manual_seed(SEED)
     cpu_a = torch.empty(300).exponential_()
+    slow.synchronize()  # a is read on the default stream
     assert torch.equal(a.cpu(), cpu_a)
     assert torch.equal(drawn.cpu(), torch.empty(257).uniform_())
     del lib
@@ -342,6 +344,7 @@ def test_reseeding_while_draws_are_queued_does_not_change_them():
         x.bernoulli_(0.5)
         P.manual_seed(SEED + 7)
         y = torch.empty(200, device="phantom").bernoulli_(0.5)
+    stream.synchronize()  # x and y are read on the default stream
     torch.manual_seed(SEED)
     assert torch.equal(x.cpu(), torch.empty(200).bernoulli_(0.5))
     torch.manual_seed(SEED + 7)
