@@ -115,6 +115,10 @@ print(json.dumps({
 """
 
 
+@pytest.mark.no_race_detector(
+    "under the race detector every op is dispatched twice (to the detector's "
+    "dispatch mode, then to its kernel), so the profile holds each op twice and "
+    "a PythonDispatchMode event")
 def test_ranges_are_ranges_of_a_recording_torch_profiler():
     import json
 

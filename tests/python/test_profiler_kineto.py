@@ -134,6 +134,10 @@ print(json.dumps(usage))
 """
 
 
+@pytest.mark.no_race_detector(
+    "under the race detector every op is dispatched twice (to the detector's "
+    "dispatch mode, then to its kernel), so the profile holds each op twice and "
+    "a PythonDispatchMode event")
 def test_profile_memory_records_phantom_allocations():
     usage = _run(MEMORY_PROGRAM)
     assert usage["aten::empty"] == 1 << 20, usage
