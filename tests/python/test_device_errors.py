@@ -59,8 +59,9 @@ def where(stream):
 
 def fail_on(stream, behind_ms=SHORT_MS):
     """Queues on ``stream``, behind ``behind_ms`` of work, an op that fails
-    on the device and one computed from it; returns the latter (never
-    computed: its memory is whatever the allocator held)."""
+    on the device and (when something is ahead of it) one computed from it;
+    returns the last (never computed: its memory is whatever the allocator
+    held)."""
     x = ready(torch.arange(5.0), stream.device)
     bad = torch.tensor([7], device=stream.device)
     P.synchronize(stream.device)
@@ -72,6 +73,10 @@ def fail_on(stream, behind_ms=SHORT_MS):
         # when this returns, while `stream` may still read them.
         x.record_stream(stream)
         bad.record_stream(stream)
+        if not behind_ms:
+            # With nothing ahead the op may fail before another launch on
+            # the stream, which would then raise at the call.
+            return y
         return y * 2 + 1  # discarded
 
 
