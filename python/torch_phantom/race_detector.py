@@ -400,6 +400,8 @@ class _Detector(TorchDispatchMode):
                         if memory is not None:
                             memory.recorded.add(handle)
             return func(*args, **kwargs)
+        if func.overloadpacket is torch.ops.aten.set_:
+            return func(*args, **kwargs)  # rebinds a storage, touches no data
         # (device, address, start, end) -> [written, names]
         touched: Dict[tuple, List] = {}
 

@@ -102,6 +102,7 @@ def test_an_empty_phantom_tensor_round_trips():
 def test_record_stream_still_protects_a_tensor_after_it_was_sent():
     stream = torch.phantom.Stream()
     x = torch.ones(1 << 18, device="phantom")
+    stream.wait_stream(torch.phantom.current_stream())  # x is written on the default stream
     ForkingPickler.loads(ForkingPickler.dumps(x))  # sent (to this process)
     address = x.data_ptr()
     torch_phantom._C._sleep_on_stream(stream.device_index, stream.stream_id, 300.0)

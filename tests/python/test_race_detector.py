@@ -95,6 +95,25 @@ print(json.dumps([attempt(read), (x + 1).sum().item()]))
     assert result == [None, 3000.0]
 
 
+def test_rebinding_a_storage_with_set_touches_no_data():
+    # set_ (how a tensor received from another process is rebuilt) makes a
+    # tensor over the storage: it reads and writes none of its bytes.
+    result = run(CATCH + """
+x = torch.ones(1000, device="phantom")
+side.wait_stream(default)
+with torch.phantom.stream(side):
+    x.mul_(2)                               # pending on side
+def rebind():
+    y = torch.empty(0, device="phantom")
+    y.set_(x.untyped_storage(), 0, (1000,), (1,))
+def read_on_default():
+    x.sum()
+print(json.dumps([attempt(rebind), attempt(read_on_default)]))
+""")
+    assert result[0] is None
+    assert result[1]["kinds"] == ["unordered access"]
+
+
 def test_disjoint_views_of_one_storage_do_not_race_and_overlapping_ones_do():
     result = run(CATCH + """
 x = torch.ones(1000, device="phantom")
