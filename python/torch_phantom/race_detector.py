@@ -137,6 +137,11 @@ def _stream_name(stream: torch.Stream) -> str:
     return f"{kind} of {BACKEND_NAME}:{stream.device_index}"
 
 
+# In-place view ops that can touch data: growing a tensor moves its old
+# bytes into the new storage.
+_RESIZES = (torch.ops.aten.resize_, torch.ops.aten.resize_as_)
+
+
 class _Detector(TorchDispatchMode):
     """The dispatch mode, and the state the trace callbacks update.
 
@@ -400,8 +405,10 @@ class _Detector(TorchDispatchMode):
                         if memory is not None:
                             memory.recorded.add(handle)
             return func(*args, **kwargs)
-        if func.overloadpacket is torch.ops.aten.set_:
-            return func(*args, **kwargs)  # rebinds a storage, touches no data
+        if torch.Tag.inplace_view in func.tags and func.overloadpacket not in _RESIZES:
+            # set_, unsqueeze_, as_strided_, ...: change a tensor's view of
+            # its storage (set_ rebinds it), touching none of its bytes.
+            return func(*args, **kwargs)
         # (device, address, start, end) -> [written, names]
         touched: Dict[tuple, List] = {}
 

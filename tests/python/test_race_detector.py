@@ -95,9 +95,10 @@ print(json.dumps([attempt(read), (x + 1).sum().item()]))
     assert result == [None, 3000.0]
 
 
-def test_rebinding_a_storage_with_set_touches_no_data():
-    # set_ (how a tensor received from another process is rebuilt) makes a
-    # tensor over the storage: it reads and writes none of its bytes.
+def test_in_place_view_ops_touch_no_data():
+    # set_ (how a tensor received from another process is rebuilt) and the
+    # in-place view ops change a tensor's view of its storage: they read and
+    # write none of its bytes.
     result = run(CATCH + """
 x = torch.ones(1000, device="phantom")
 side.wait_stream(default)
@@ -106,6 +107,7 @@ with torch.phantom.stream(side):
 def rebind():
     y = torch.empty(0, device="phantom")
     y.set_(x.untyped_storage(), 0, (1000,), (1,))
+    y.unsqueeze_(0).t_()
 def read_on_default():
     x.sum()
 print(json.dumps([attempt(rebind), attempt(read_on_default)]))
