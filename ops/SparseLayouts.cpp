@@ -27,7 +27,6 @@
 #include <ATen/ops/_coalesced_native.h>
 #include <ATen/ops/_dimI_native.h>
 #include <ATen/ops/_dimV_native.h>
-#include <ATen/ops/_embedding_bag_backward_native.h>
 #include <ATen/ops/_indices_native.h>
 #include <ATen/ops/_nnz_native.h>
 #include <ATen/ops/_sparse_coo_tensor_with_dims_and_tensors_native.h>
@@ -174,13 +173,9 @@ TORCH_LIBRARY_IMPL(aten, SparseCsrPrivateUse1, m) {
 }
 
 // Dense arguments, sparse results: the sparse generic path maps them.
-// _embedding_bag_backward's sparse=True result is sparse too: its kernel is
-// ATen's device-generic one, as on CUDA, which builds the gradient from
-// dense ops and _sparse_coo_tensor_unsafe (sparse=False calls
-// _embedding_bag_dense_backward, which takes the dense generic path).
+// (_embedding_bag_backward's sparse=True result is sparse too: Embedding.cpp
+// gives it ATen's device-generic kernel, as on CUDA.)
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  m.impl("_embedding_bag_backward",
-         GUARDED(at::native::_embedding_bag_backward_symint));
   for (const char* name :
        {"_to_sparse", "_to_sparse.sparse_dim", "_to_sparse_csr",
         "_to_sparse_csc", "_to_sparse_bsr", "_to_sparse_bsc"}) {
