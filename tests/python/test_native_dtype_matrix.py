@@ -80,6 +80,20 @@ def _embedding_bag_grads(weight, indices):
     return grads
 
 
+def _embedding_bag_forms(weight, indices, per_sample_weights):
+    """_embedding_bag and _embedding_bag_forward_only, all four outputs, in
+    each mode; offsets 0 and 2 as `indices`' dtype (the CPU refuses offsets
+    of another dtype than the indices, and the values of floats)."""
+    offsets = torch.tensor([0, 2]).to(device=indices.device, dtype=indices.dtype)
+    indices = indices - 1  # 0, 1, 2, 0
+    results = []
+    for op in (torch.ops.aten._embedding_bag, torch.ops.aten._embedding_bag_forward_only):
+        for mode in (0, 1, 2):
+            results.append(op(weight, indices, offsets, False, mode, False))
+        results.append(op(weight, indices, offsets, False, 0, False, per_sample_weights))
+    return results
+
+
 # On any device but the CPU, ATen's LSTM and GRU cells multiply with
 # matmul and call the fused cell kernel (CUDA's route, which phantom's
 # FusedRnnCells.cpp implements with its own formula); the CPU calls linear.
@@ -408,10 +422,16 @@ CASES = {
         "aten::_nested_tensor_from_mask_left_aligned", 2, lambda d: (
             lambda p, m: torch._nested_tensor_from_mask_left_aligned(p, m),
             [T((2, 3, 4), d[0]), T((2, 3), d[1])])),
-    # ATen's device-generic kernel, as on CUDA: sparse=True builds a sparse
-    # gradient, sparse=False calls the dense backward.
+    # sparse=False: the CPU's kernel (Embedding.cpp); sparse=True: ATen's
+    # device-generic kernel, as on CUDA, which builds a sparse gradient.
     "_embedding_bag_backward": Case("aten::_embedding_bag_backward", 2, lambda d: (
         _embedding_bag_grads, [T((5, 3), d[0]), T((2, 2), d[1])])),
+    # Weights (d[0]), indices and offsets (d[1]), per-sample weights (d[2]).
+    "_embedding_bag": Case(
+        ["aten::_embedding_bag", "aten::_embedding_bag_forward_only"], 3, lambda d: (
+            _embedding_bag_forms, [T((5, 3), d[0]), T((4,), d[1]), T((4,), d[2])])),
+    "log_sigmoid_forward": Case("aten::log_sigmoid_forward", 1, unary(
+        lambda x: torch.ops.aten.log_sigmoid_forward(x))),
 }
 
 # Registrations with no dtype to vary, and why.
