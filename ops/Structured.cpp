@@ -1,7 +1,8 @@
 // Native kernels for structured ops whose Meta kernel is Python in torch
 // 2.13, or whose generic-path call costs the host more than the op: matrix
-// products, reductions, softmax, a few activations and their backwards,
-// negation, reciprocal, pow by a scalar, comparisons, dot, max, and cat.
+// products, reductions, cumsum and index_add, softmax, a few activations
+// and their backwards, negation, reciprocal, pow by a scalar, comparisons,
+// dot, max, and cat.
 //
 // ATen's structured ops split into a meta function (checks the arguments,
 // computes the output's shape, strides and dtype) shared by every backend,
@@ -46,6 +47,8 @@
 #include <ATen/ops/bmm_meta_dispatch.h>
 #include <ATen/ops/cat_cpu_dispatch.h>
 #include <ATen/ops/cat_meta_dispatch.h>
+#include <ATen/ops/cumsum_cpu_dispatch.h>
+#include <ATen/ops/cumsum_meta_dispatch.h>
 #include <ATen/ops/empty_strided.h>
 #include <ATen/ops/dot_cpu_dispatch.h>
 #include <ATen/ops/empty.h>
@@ -73,6 +76,8 @@
 #include <ATen/ops/gelu_backward_meta_dispatch.h>
 #include <ATen/ops/gelu_cpu_dispatch.h>
 #include <ATen/ops/gelu_meta_dispatch.h>
+#include <ATen/ops/index_add_cpu_dispatch.h>
+#include <ATen/ops/index_add_meta_dispatch.h>
 #include <ATen/ops/mean_cpu_dispatch.h>
 #include <ATen/ops/mean_meta_dispatch.h>
 #include <ATen/ops/mm_cpu_dispatch.h>
@@ -318,6 +323,36 @@ T mean(const T& self, at::OptionalIntArrayRef dim, bool keepdim,
         at::cpu::mean_out(out, in[0], viewDims(dims), keepdim, dtype);
       },
       [&] { return boxArguments(self, dim, keepdim, dtype); });
+}
+
+// A running sum, and sums into rows picked by an index (the offsets and
+// bag sizes of sparse features). An index out of range is data: the
+// queued kernel raises it, and it surfaces at the next sync.
+NativeOp cumsum_native("aten::cumsum");
+T cumsum(const T& self, int64_t dim, std::optional<at::ScalarType> dtype) {
+  return runStructured<1>(
+      cumsum_native, "", {&self},
+      CallSignature().value(dim).value(dtype), {},
+      [&](const Metas<1>& m) { return at::meta::cumsum(m[0], dim, dtype); },
+      [dim, dtype](T& out, const Metas<1>& in) {
+        at::cpu::cumsum_out(out, in[0], dim, dtype);
+      },
+      [&] { return boxArguments(self, dim, dtype); });
+}
+
+NativeOp index_add_native("aten::index_add");
+T indexAdd(const T& self, int64_t dim, const T& index, const T& source,
+           const at::Scalar& alpha) {
+  return runStructured<3>(
+      index_add_native, "", {&self, &index, &source},
+      CallSignature().value(dim), {alpha},
+      [&](const Metas<3>& m) {
+        return at::meta::index_add(m[0], dim, m[1], m[2], alpha);
+      },
+      [dim, alpha](T& out, const Metas<3>& in) {
+        at::cpu::index_add_out(out, in[0], dim, in[1], in[2], alpha);
+      },
+      [&] { return boxArguments(self, dim, index, source, alpha); });
 }
 
 // --- softmax -------------------------------------------------------------
@@ -659,6 +694,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("addmm", TORCH_FN(addmm));
   m.impl("sum.dim_IntList", TORCH_FN(sum));
   m.impl("mean.dim", TORCH_FN(mean));
+  m.impl("cumsum", TORCH_FN(cumsum));
+  m.impl("index_add", TORCH_FN(indexAdd));
   m.impl("_softmax", TORCH_FN(softmax));
   m.impl("_log_softmax", TORCH_FN(logSoftmax));
   m.impl("_softmax_backward_data", TORCH_FN(softmaxBackward));

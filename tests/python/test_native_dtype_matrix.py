@@ -205,6 +205,13 @@ CASES = {
     "sum-dtype": Case("aten::sum.dim_IntList", 2, lambda d: (
         lambda a: a.sum(1, dtype=d[1]), [T((3, 4), d[0])])),
     "mean": Case("aten::mean.dim", 1, unary(lambda a: a.mean(1))),
+    "cumsum": Case("aten::cumsum", 1, unary(lambda a: a.cumsum(1))),
+    "cumsum-dtype": Case("aten::cumsum", 2, lambda d: (
+        lambda a: a.cumsum(0, dtype=d[1]), [T((3, 4), d[0])])),
+    # self and source (d[0]), index (d[1]): values 1, 2, 3 -> rows 0, 1, 2.
+    "index_add": Case("aten::index_add", 2, lambda d: (
+        lambda a, i: a.index_add(0, i - 1, a[:3] * 2),
+        [T((4, 3), d[0]), T((3,), d[1])])),
     "mean-dtype": Case("aten::mean.dim", 2, lambda d: (
         lambda a: a.mean(1, dtype=d[1]), [T((3, 4), d[0])])),
     "_softmax": Case("aten::_softmax", 1, unary(lambda a: torch._softmax(a, 1, False))),

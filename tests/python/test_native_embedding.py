@@ -248,3 +248,21 @@ def test_log_sigmoid_refuses_what_the_cpu_refuses_at_the_call():
     assert str(error.value) == str(cpu_error.value)
     P.synchronize()
     del error, cpu_error
+
+
+def test_integer_cumsum_and_index_add_are_native_and_match_the_cpu():
+    """ATen's device-generic EmbeddingBag backward builds offset2bag with
+    index_add_ and cumsum over int64 offsets: both are native, and an index
+    out of range the meta function cannot see fails the stream."""
+    offsets = torch.tensor([0, 2, 2, 5])
+    def offset2bag(o):
+        bags = torch.zeros(8, dtype=o.dtype, device=o.device).index_add(0, o, torch.ones_like(o))
+        return bags.cumsum(0)
+    before = _count("aten::cumsum"), _count("aten::index_add")
+    got = offset2bag(offsets.to("phantom"))
+    assert (_count("aten::cumsum"), _count("aten::index_add")) == (before[0] + 1, before[1] + 1)
+    _assert_same(offset2bag(offsets), got)
+    torch.zeros(3, device="phantom").index_add(0, torch.tensor([5], device="phantom"),
+                                               torch.ones(1, device="phantom"))
+    with pytest.raises(torch.AcceleratorError, match="index_add"):
+        P.synchronize()

@@ -56,6 +56,12 @@ CASES = [
     ("aten::sum", lambda a, b, c: a.sum(), ((6, 5), (1,), (1,))),
     ("aten::sum", lambda a, b, c: a.sum(dim=(0, 2), keepdim=True), ((3, 4, 5), (1,), (1,))),
     ("aten::mean", lambda a, b, c: a.mean(dim=1), ((6, 5), (1,), (1,))),
+    ("aten::cumsum", lambda a, b, c: a.cumsum(1), ((6, 5), (1,), (1,))),
+    ("aten::cumsum", lambda a, b, c: a.t().cumsum(0, dtype=torch.float64), ((6, 5), (1,), (1,))),
+    ("aten::index_add", lambda a, b, c: a.index_add(
+        0, torch.tensor([4, 0, 4], device=a.device), b, alpha=2), ((6, 5), (3, 5), (1,))),
+    ("aten::index_add", lambda a, b, c: a.index_add(
+        1, torch.tensor([1, 1], dtype=torch.int32, device=a.device), b.t()), ((6, 5), (2, 6), (1,))),
     ("aten::_softmax", lambda a, b, c: a.softmax(-1), ((6, 5), (1,), (1,))),
     ("aten::_log_softmax", lambda a, b, c: F.log_softmax(a, dim=0), ((6, 5), (1,), (1,))),
     ("aten::sigmoid", lambda a, b, c: torch.sigmoid(a), ((6, 5), (1,), (1,))),
