@@ -389,13 +389,13 @@ TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
 //     output the inputs' shape, so it warns that "an output with one or
 //     more elements was resized" at every call, which the CPU's own call
 //     never does;
-//   index.Tensor, index_reduce(_), scatter(_).reduce, scatter(_).value_reduce:
+//   index_reduce(_), scatter(_).reduce, scatter(_).value_reduce:
 //     structured ops, whose CompositeExplicitAutogradNonFunctional kernel
 //     runs the meta function on phantom tensors and then calls the .out
 //     op, whose CPU kernel runs it again: each warning of the meta
-//     function (uint8 indices are deprecated, scatter's reduce argument is
-//     deprecated) came twice; and for a boolean mask `index` counted the
-//     mask on the device twice.
+//     function (scatter's reduce argument is deprecated) came twice.
+//     (index.Tensor, the same case, has a native kernel, Indexing.cpp,
+//     which sends the calls it declines, masks among them, here.)
 // The generic path runs each op's computed CPU kernel, which for the ops
 // without a CPU kernel of their own is the same composite, over CPU aliases.
 // (native_layer_norm has a native kernel, LayerNorm.cpp, which sends the
@@ -404,7 +404,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   for (const char* name :
        {"native_group_norm", "addr", "addr.out",
         "addr_", "mode.values", "conj_physical_", "mse_loss",
-        "smooth_l1_loss", "index.Tensor", "index_reduce", "index_reduce_",
+        "smooth_l1_loss", "index_reduce", "index_reduce_",
         "scatter.reduce", "scatter_.reduce", "scatter.value_reduce",
         "scatter_.value_reduce"}) {
     m.impl(name, torch::CppFunction::makeFromBoxedFunction<&genericFallback>());

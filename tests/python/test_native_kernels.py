@@ -809,3 +809,46 @@ def test_an_alpha_the_cpu_refuses_is_refused_at_the_call(op, alpha):
     # the next sync): the CPU's error, at the call, and the device goes on.
     _refused_at_the_call_like_the_cpu(
         lambda x, y: getattr(x, op)(y, alpha=alpha), torch.randn(4), torch.randn(4))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64])
+def test_integer_indexing_is_native_and_matches_cpu(dtype):
+    # DLRM's pairwise interaction, dots[:, rows, cols]: index.Tensor with a
+    # leading slice, and other layouts of integer indices.
+    x = _rand(4, 5, 6).to(dtype)
+    rows, cols = torch.triu_indices(5, 5, offset=1)
+    calls = [
+        lambda t, r, c: t[:, r, c],
+        lambda t, r, c: t[r.int()],
+        lambda t, r, c: t[r[:3], :, -1 - c[:3]],
+        lambda t, r, c: t.transpose(0, 2)[c.clamp(max=5).view(2, 5)],
+    ]
+    for call in calls:
+        expected = call(x, rows, cols)
+        before = _native("aten::index")
+        got = call(x.to("phantom"), rows.to("phantom"), cols.to("phantom"))
+        assert _native("aten::index") == before + 1
+        assert got.shape == expected.shape and got.stride() == expected.stride()
+        assert torch.equal(got.cpu(), expected)
+
+
+def test_indexing_by_a_mask_or_with_bad_indices_is_left_to_the_generic_path():
+    x = _rand(4, 5)
+    mask = x > 0
+    before = _native("aten::index")
+    torch.testing.assert_close(x.to("phantom")[mask.to("phantom")].cpu(), x[mask])
+    assert _native("aten::index") == before
+    for bad in ([torch.tensor([0, 1]), torch.tensor([0, 1, 2])],  # do not broadcast
+                [torch.tensor([0.5])],  # not integers
+                [torch.tensor([0])] * 3):  # too many
+        with pytest.raises((IndexError, RuntimeError)) as cpu_error:
+            x[tuple(bad)]
+        with pytest.raises(type(cpu_error.value)) as error:
+            x.to("phantom")[tuple(i.to("phantom") for i in bad)]
+        assert str(error.value) == str(cpu_error.value)
+    P.synchronize()  # nothing failing was queued
+    del error, cpu_error
+    # A value out of range is data: the queued kernel fails the stream.
+    x.to("phantom")[torch.tensor([7], device="phantom")]
+    with pytest.raises(torch.AcceleratorError, match="out of bounds"):
+        P.synchronize()
