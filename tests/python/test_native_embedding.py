@@ -266,3 +266,44 @@ def test_integer_cumsum_and_index_add_are_native_and_match_the_cpu():
                                                torch.ones(1, device="phantom"))
     with pytest.raises(torch.AcceleratorError, match="index_add"):
         P.synchronize()
+
+
+def test_captured_bags_indexing_and_log_sigmoid_replay_new_data_like_eager():
+    """The native kernels record into a graph and replay over new contents
+    of their inputs (indices, offsets, weights) with the CPU's results."""
+    weight = torch.randn(30, 4, generator=_gen())
+    rows, cols = torch.triu_indices(3, 3, offset=1)
+
+    def step(w, i, o, r, c):
+        w = w.detach().requires_grad_()
+        bags = F.embedding_bag(i, w, o, mode="mean")
+        stacked = torch.stack([bags, bags * 2, bags.flip(0)], dim=1)
+        dots = torch.bmm(stacked, stacked.transpose(1, 2))[:, r, c]
+        loss = -F.logsigmoid(dots).sum()
+        (grad,) = torch.autograd.grad(loss, w)
+        return loss, grad
+
+    def data(seed):
+        g = _gen(seed)
+        lengths = torch.tensor([1, 2, 3, 1, 2])[torch.randperm(5, generator=g)]
+        indices = torch.randint(0, 30, (9,), generator=g)
+        return indices, torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)[:-1]])
+
+    indices, offsets = data(0)
+    static = _to("phantom", weight, indices, offsets, rows, cols)
+    step(*static)  # warm-up, outside the capture
+    torch_phantom.reset_ops_report()
+    g = P.Graph()
+    with P.graph(g):
+        static_loss, static_grad = step(*static)
+    for op in ("aten::_embedding_bag", "aten::_embedding_bag_backward",
+               "aten::index", "aten::log_sigmoid_forward"):
+        assert _count(op) == 1, op
+    for seed in range(1, 4):
+        indices, offsets = data(seed)
+        static[1].copy_(indices)
+        static[2].copy_(offsets)
+        g.replay()
+        loss, grad = step(weight, indices, offsets, rows, cols)
+        _assert_same(loss, static_loss)
+        _assert_same(grad, static_grad)
