@@ -37,7 +37,9 @@ struct OperatorName;
 namespace phantom {
 
 // Whether `op`'s CPU kernel, called with `args` (phantom tensors: only
-// their metadata is read), runs on one OpenMP thread on the worker.
+// their metadata is read), runs on one OpenMP thread on the worker. For
+// the generic path; the native kernels of these ops (ops/Embedding.cpp)
+// apply the same rule to their own arguments.
 bool runsOnOneThread(const c10::OperatorName& op, c10::ArrayRef<c10::IValue> args);
 
 // While alive, kernels on this thread run on one OpenMP thread (when
