@@ -133,8 +133,12 @@ def _waits_for_device(schema, args, kwargs, results, destinations: List) -> bool
 
 
 def _stream_name(stream: torch.Stream) -> str:
-    kind = "the default stream" if stream.stream_id == 0 else f"stream {stream.stream_id}"
-    return f"{kind} of {BACKEND_NAME}:{stream.device_index}"
+    return _name_of(stream.device_index, stream.stream_id)
+
+
+def _name_of(device: int, stream_id: int) -> str:
+    kind = "the default stream" if stream_id == 0 else f"stream {stream_id}"
+    return f"{kind} of {BACKEND_NAME}:{device}"
 
 
 # In-place view ops that can touch data: growing a tensor moves its old
@@ -204,8 +208,12 @@ class _Detector(TorchDispatchMode):
 
     def _stream(self, stream: torch.Stream) -> int:
         """The handle ``stream`` is tracked by (in a section)."""
-        handle = stream.native_handle
-        key = (stream.device_index, stream.stream_id)
+        return self._track(stream.device_index, stream.stream_id, stream.native_handle)
+
+    def _track(self, device: int, stream_id: int, handle: int) -> int:
+        """The handle stream ``stream_id`` of ``device``, whose driver handle
+        is now ``handle``, is tracked by (in a section)."""
+        key = (device, stream_id)
         old = self.handles.get(key)
         self.renamed.pop(handle, None)  # a destroyed handle the driver gave out again
         if old is not None and old != handle:
@@ -313,6 +321,25 @@ class _Detector(TorchDispatchMode):
                 self._release_seen()
                 self._forget_finished_frees()
         self._report_host_accesses(None)
+
+    def work_queued_on(self, after: int, device: int, stream_id: int, handle: int) -> None:
+        """The op being dispatched on this thread queues its work on stream
+        ``stream_id`` of ``device`` (driver handle ``handle``), ordered after
+        what is queued so far on the stream with handle ``after``: pccl's
+        collectives run on its communication stream that way. That stream
+        is ordered after ``after`` now, and the op is launched on it now
+        (before the runtime records the events that stand for the
+        collective's end): its accesses are filed there by ``_launched``.
+        Outside an op seen by the detector only the order is kept."""
+        runs_on = getattr(self.local, "runs_on", None)
+        with self.section():
+            stream = self._track(device, stream_id, handle)
+            self.order.wait_stream(stream, self._handle(after))
+            if runs_on is not None and device not in runs_on:
+                # (several calls of one op: the first launch, which every
+                # event recorded behind any of them covers)
+                runs_on[device] = (stream, _name_of(device, stream_id),
+                                   self.order.launch(stream))
 
     def recorded_on(self, address: int, handle: int) -> None:
         """C++ recorded stream ``handle`` on the block at ``address`` through
@@ -436,11 +463,14 @@ class _Detector(TorchDispatchMode):
                 continue  # a view: shares memory, touches no data
             note(value, alias is not None and alias.is_write, f"argument '{argument.name}'")
         outer = getattr(self.local, "synced", None)
+        outer_runs_on = getattr(self.local, "runs_on", None)
         self.local.synced = synced = []
+        self.local.runs_on = runs_on = {}  # device -> (stream, name, seq)
         try:
             outputs = func(*args, **kwargs)
         finally:
             self.local.synced = outer
+            self.local.runs_on = outer_runs_on
             if outer is not None:
                 outer.extend(synced)
         host_races: List[Race] = []
@@ -457,25 +487,29 @@ class _Detector(TorchDispatchMode):
             destinations: List[torch.Tensor] = []
             if _waits_for_device(schema, args, kwargs, results, destinations):
                 synced.append(None)
-            self._launched(str(func), touched, synced, destinations, host_races)
+            self._launched(str(func), touched, synced, destinations, host_races, runs_on)
         elif host_races:
             self._report(host_races)
         return outputs
 
     def _launched(self, op: str, touched: Dict[tuple, List], synced: List,
                   destinations: List[torch.Tensor] = (),
-                  host_races: List[Race] = ()) -> None:
+                  host_races: List[Race] = (), runs_on: Optional[Dict] = None) -> None:
         """Records the op's accesses: each on the current stream of the
         tensor's device (a copy between devices reads on one and writes on
-        the other). An op that synchronized its stream (or the device)
+        the other), or on the stream the op said it queued its work on
+        (``runs_on``, from work_queued_on: a collective's communication
+        stream). An op that synchronized its stream (or the device)
         while it ran waited for its own work: the host has seen it."""
-        streams = {device: _dm.current_stream(device) for device, *_ in touched}
+        runs_on = runs_on or {}
+        streams = {device: _dm.current_stream(device)
+                   for device, *_ in touched if device not in runs_on}
         stack = _user_stack()
         races: List[Race] = list(host_races)
         with self.section():
             races += self.pending
             self.pending = []
-            launched = {}
+            launched = dict(runs_on)
             for device, stream in streams.items():
                 handle = self._stream(stream)
                 launched[device] = (handle, _stream_name(stream), self.order.launch(handle))
@@ -552,6 +586,12 @@ def _observe(method: str, handle: int, query: bool) -> None:
         detector.observed(method, handle, query)
 
 
+def _work_queued_on(after: int, device: int, stream_id: int, handle: int) -> None:
+    detector = _active
+    if detector is not None:
+        detector.work_queued_on(after, device, stream_id, handle)
+
+
 def _recorded_on(address: int, handle: int) -> None:
     detector = _active
     if detector is not None:
@@ -619,6 +659,7 @@ def enable(action: str = "error") -> None:
     streams._host_observer = _observe
     _C._set_query_observer(streams._observed)  # torch.Stream/Event queries too
     _C._set_record_stream_observer(_recorded_on)  # c10's Future records streams
+    _C._set_work_stream_observer(_work_queued_on)  # pccl's collectives
 
 
 def disable() -> None:
@@ -629,6 +670,7 @@ def disable() -> None:
         streams._host_observer = None
         _C._set_query_observer(None)
         _C._set_record_stream_observer(None)
+        _C._set_work_stream_observer(None)
         detector.__exit__(None, None, None)
         for guard in list(detector.guards):  # nothing stays protected
             _C._host_guard_release(guard)
