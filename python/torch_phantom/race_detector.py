@@ -16,7 +16,12 @@ hooks (torch.phantom._gpu_trace) tell it the rest: events recorded and
 waited on, stream, event and device synchronizes (a device's with its
 index: torch.phantom.synchronize(i), and the caching allocator's wait for
 every stream of a device before it returns cached memory to the driver),
-and blocks of device memory allocated and freed. From these it keeps a vector clock per stream
+and blocks of device memory allocated and freed. An op that queues its
+work on another stream than the current one (a pccl collective, on its
+communication stream) says so while it runs (work_queued_on): its accesses
+are filed on that stream, ordered after the launching one, and the event
+the runtime records behind it carries that order to whoever waits for the
+collective (Work.wait, c10's Future). From these it keeps a vector clock per stream
 (for each other stream, the last op of it this stream is ordered after),
 one per recorded event, and one for the host (what a synchronize has shown
 finished). An access is ordered after an earlier one when the accessing
