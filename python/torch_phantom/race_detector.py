@@ -150,6 +150,14 @@ def _name_of(device: int, stream_id: int) -> str:
 # bytes into the new storage.
 _RESIZES = (torch.ops.aten.resize_, torch.ops.aten.resize_as_)
 
+# Ops of c10d's functional collectives that hand back the tensor they get
+# and touch none of its bytes (their schemas do not say the result is the
+# argument): the wait for the collective, whose order the runtime traces
+# (Work.wait), and the autograd wrapper of its output. Counting them as a
+# read and a write on the current stream would race with the collective
+# they stand for.
+_CARRIERS = ("wait_tensor", "_wrap_tensor_autograd")
+
 
 class _Detector(TorchDispatchMode):
     """The dispatch mode, and the state the trace callbacks update.
@@ -436,6 +444,8 @@ class _Detector(TorchDispatchMode):
                         memory = self.memory.get(part.untyped_storage().data_ptr())
                         if memory is not None:
                             memory.recorded.add(handle)
+            return func(*args, **kwargs)
+        if func.namespace == "_c10d_functional" and func._opname in _CARRIERS:
             return func(*args, **kwargs)
         if torch.Tag.inplace_view in func.tags and func.overloadpacket not in _RESIZES:
             # set_, unsqueeze_, as_strided_, ...: change a tensor's view of

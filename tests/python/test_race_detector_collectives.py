@@ -8,7 +8,8 @@ stream. The runtime traces all of it (phantom/GpuTrace.h: the collective's
 work stream, its end event's record, waits, synchronizes and queries), so
 the detector files the collective's accesses on the stream where they
 happen: an ordered use reports nothing, and a use of the output on any
-stream before the collective is waited for is a race.
+stream before the collective is waited for is a race. The functional
+collectives' wait (wait_tensor) and autograd wrapper touch no data.
 
 Each program runs in a new process (a one-rank pccl group), from a file,
 as in test_race_detector.py.
@@ -107,3 +108,37 @@ print(json.dumps(attempt(reuse)))
 work.wait()
 """)
     assert result is None
+
+
+def test_a_functional_collective_used_through_autograd_reports_nothing():
+    # funcol's wait (wait_tensor) and its autograd wrapper hand back the
+    # collective's output without touching it: not uses of it.
+    result = run(GROUP + """
+import torch.distributed._functional_collectives as funcol
+x = torch.full((64,), 3.0, device="phantom", requires_grad=True)
+def train():
+    out = funcol.all_reduce(x, "sum", dist.group.WORLD)
+    (out * 2).sum().backward()
+    assert x.grad.cpu().tolist() == [2.0] * 64
+print(json.dumps(attempt(train)))
+""")
+    assert result is None
+
+
+def test_a_functional_collectives_output_read_before_its_wait_is_reported():
+    result = run(GROUP + """
+name = dist.group.WORLD.group_name
+out = torch.ops._c10d_functional.all_reduce(t, "sum", name)   # LINE-COLLECTIVE
+side.wait_stream(default)
+def read():
+    with torch.phantom.stream(side):
+        y = out * 2                                           # LINE-READ
+early = attempt(read)
+waited = attempt(lambda: torch.ops._c10d_functional.wait_tensor(out))
+print(json.dumps([early, waited, attempt(lambda: out * 2)]))
+""")
+    early, waited, after = result
+    assert early["kinds"] == ["unordered access"]
+    assert "_c10d_functional.all_reduce.default writing the output" in early["text"]
+    assert "LINE-COLLECTIVE" in early["text"] and "LINE-READ" in early["text"]
+    assert waited is None and after is None
