@@ -62,10 +62,11 @@ inline void queryFinished(bool is_event, uintptr_t handle) {
   }
 }
 
-// A stream recorded on a block from C++ through the device guard
+// A stream recorded on a block from C++, which the dispatcher never sees
+// as an aten::record_stream call: through the device guard
 // (recordDataPtrOnStream: c10's Future does it for the streams its
-// callbacks run on), which the dispatcher never sees as an
-// aten::record_stream call. The race detector installs this observer so
+// callbacks run on), or by pccl for its communication stream
+// (ProcessGroupPhantom::issue). The race detector installs this observer so
 // that such a block, freed after its use on that stream, is known to be
 // held back for it. `data` is the block's address, `stream` the stream's
 // driver handle. No observer: one relaxed load and a branch.
