@@ -78,6 +78,7 @@ print(json.dumps(attempt(read)))
     assert "aten.mul.Tensor reading argument 'self' on stream" in text
     assert "c10d.allreduce_.default writing argument 'tensors'" in text
     assert "LINE-COLLECTIVE" in text and "LINE-READ" in text
+    assert "Wait for the collective" in text and "work.wait()" in text  # what to do
 
 
 def test_a_write_on_the_launching_stream_before_the_wait_is_reported():
