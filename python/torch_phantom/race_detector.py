@@ -157,6 +157,9 @@ _RESIZES = (torch.ops.aten.resize_, torch.ops.aten.resize_as_)
 # read and a write on the current stream would race with the collective
 # they stand for.
 _CARRIERS = ("wait_tensor", "_wrap_tensor_autograd")
+# Functional collectives that clone their input on the launching stream
+# and run the collective on the clone: their inputs are read there.
+_CLONE_INPUT_FIRST = ("all_reduce", "all_reduce_coalesced", "broadcast")
 
 
 class _Detector(TorchDispatchMode):
@@ -502,35 +505,44 @@ class _Detector(TorchDispatchMode):
             destinations: List[torch.Tensor] = []
             if _waits_for_device(schema, args, kwargs, results, destinations):
                 synced.append(None)
-            self._launched(str(func), touched, synced, destinations, host_races, runs_on)
+            reads_here = (func.namespace == "_c10d_functional"
+                          and func._opname in _CLONE_INPUT_FIRST)
+            self._launched(str(func), touched, synced, destinations, host_races, runs_on,
+                           reads_here)
         elif host_races:
             self._report(host_races)
         return outputs
 
     def _launched(self, op: str, touched: Dict[tuple, List], synced: List,
                   destinations: List[torch.Tensor] = (),
-                  host_races: List[Race] = (), runs_on: Optional[Dict] = None) -> None:
+                  host_races: List[Race] = (), runs_on: Optional[Dict] = None,
+                  reads_here: bool = False) -> None:
         """Records the op's accesses: each on the current stream of the
         tensor's device (a copy between devices reads on one and writes on
         the other), or on the stream the op said it queued its work on
         (``runs_on``, from work_queued_on: a collective's communication
-        stream). An op that synchronized its stream (or the device)
-        while it ran waited for its own work: the host has seen it."""
+        stream), except, with ``reads_here``, what it only reads. An op
+        that synchronized its stream (or the device) while it ran waited
+        for its own work: the host has seen it."""
         runs_on = runs_on or {}
-        streams = {device: _dm.current_stream(device)
-                   for device, *_ in touched if device not in runs_on}
+
+        def elsewhere(device: int, write: bool) -> bool:
+            return device in runs_on and (write or not reads_here)
+
+        streams = {key[0]: _dm.current_stream(key[0])
+                   for key, (write, _) in touched.items() if not elsewhere(key[0], write)}
         stack = _user_stack()
         races: List[Race] = list(host_races)
         with self.section():
             races += self.pending
             self.pending = []
-            launched = dict(runs_on)
+            launched = {}
             for device, stream in streams.items():
                 handle = self._stream(stream)
                 launched[device] = (handle, _stream_name(stream), self.order.launch(handle))
             reported: Set[int] = set()
             for (device, address, start, end), (write, names) in touched.items():
-                stream, name, seq = launched[device]
+                stream, name, seq = (runs_on if elsewhere(device, write) else launched)[device]
                 memory = self.memory.get(address)
                 if memory is None:  # allocated before the detector was on
                     memory = self.memory[address] = _Memory(device)
@@ -553,14 +565,14 @@ class _Detector(TorchDispatchMode):
                 memory.accesses = kept[-_KEPT:]
             if synced:
                 synced_handles = {self._handle(h) for h in synced if h is not None}
-                for stream, _, seq in launched.values():
+                for stream, _, seq in [*launched.values(), *runs_on.values()]:
                     if None in synced or stream in synced_handles:
                         self.order.finished(stream, seq)
                 self._release_seen()
                 self._forget_finished_frees()
                 races += self.pending
                 self.pending = []
-            if destinations:
+            if destinations and launched:
                 device = next(iter(launched))
                 self._guard(destinations, device, launched[device], op, stack)
         if races:

@@ -143,3 +143,20 @@ print(json.dumps([early, waited, attempt(lambda: out * 2)]))
     assert "_c10d_functional.all_reduce.default writing the output" in early["text"]
     assert "LINE-COLLECTIVE" in early["text"] and "LINE-READ" in early["text"]
     assert waited is None and after is None
+
+
+def test_a_functional_all_reduces_input_written_before_the_wait_is_no_race():
+    # The functional all_reduce clones its input on the launching stream and
+    # reduces the clone: the input is free again on that stream; the output
+    # is the collective's until its wait.
+    result = run(GROUP + """
+name = dist.group.WORLD.group_name
+out = torch.ops._c10d_functional.all_reduce(t, "sum", name)
+rewritten = attempt(lambda: t.add_(1))
+early = attempt(lambda: out.add_(1))                          # LINE-EARLY
+torch.ops._c10d_functional.wait_tensor(out)
+print(json.dumps([rewritten, early]))
+""")
+    rewritten, early = result
+    assert rewritten is None
+    assert early["kinds"] == ["unordered access"] and "LINE-EARLY" in early["text"]
