@@ -8,6 +8,7 @@
 
 #include <phantom/DeviceAllocator.h>
 #include <phantom/Exception.h>
+#include <phantom/GpuTrace.h>
 #include <phantom/Stream.h>
 
 #include <c10/core/DeviceGuard.h>
@@ -88,8 +89,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPhantom::issue(Call& call) {
   }
   // After the work already queued on the caller's stream.
   communicator_->orderAfter(waiting, comm);
+  // For the race detector (phantom/GpuTrace.h): the collective's accesses
+  // happen on the communication stream, after the caller's stream, and
+  // its tensors are held back for that stream as by record_stream.
+  gpu_trace::workQueuedOn(waiting.handle(), index, comm.id(), comm.handle());
   for (const at::Tensor& t : call.used) {
     deviceAllocator().recordStream(t.storage().data_ptr(), comm.unwrap());
+    gpu_trace::streamRecordedOn(t.storage().data_ptr().get(),
+                                gpu_trace::id(comm.handle()));
   }
   call.body(comm);
   if (call.after) {

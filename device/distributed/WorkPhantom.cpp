@@ -2,6 +2,7 @@
 #include <phantom/distributed/WorkPhantom.h>
 
 #include <phantom/Exception.h>
+#include <phantom/GpuTrace.h>
 
 #include <c10/core/StreamGuard.h>
 #include <c10/util/Exception.h>
@@ -67,6 +68,9 @@ void Completion::queueAfter(const PhantomStream& stream) {
   PHANTOM_CHECK(ph_event_create(PH_EVENT_DISABLE_TIMING, &done));
   PHANTOM_CHECK(ph_event_record(done, handle_));
   done_ = done;
+  // Traced (phantom/GpuTrace.h) so that a stream waiting on it, or the host
+  // synchronizing or querying it, is seen ordered after the collective.
+  gpu_trace::eventRecorded(done, handle_);
 }
 
 ph_status_t Completion::run(void* self, char*, size_t) {
@@ -99,7 +103,11 @@ bool Completion::finished() const {
   if (now == kFailed) {
     return true;
   }
-  return now == kSucceeded && done_ != nullptr && ph_event_query(done_) == PH_SUCCESS;
+  if (now != kSucceeded || done_ == nullptr || ph_event_query(done_) != PH_SUCCESS) {
+    return false;
+  }
+  gpu_trace::queryFinished(true, gpu_trace::id(done_));  // the host saw it end
+  return true;
 }
 
 std::string Completion::failureMessage() {
@@ -171,6 +179,7 @@ void WorkPhantom::blockCurrentStream() {
       getCurrentPhantomStream(completion_->stream().device_index());
   const ph_stream_t handle = waiting.handle();
   waiting.check(ph_stream_wait_event(handle, completion_->doneEvent()), handle);
+  gpu_trace::eventWaited(completion_->doneEvent(), handle);
   const ph_host_task_t task{"pccl wait", &checkRun, &checkRelease,
                             new Holder(completion_)};
   waiting.check(ph_launch_host_func(handle, &task), handle);
@@ -184,6 +193,7 @@ void WorkPhantom::waitOnHost(std::chrono::milliseconds timeout) {
   if (timeout == kNoTimeout) {
     // The state says how it ended; a failed stream's event still fires.
     (void)ph_event_synchronize(completion_->doneEvent());
+    gpu_trace::eventSynchronized(completion_->doneEvent());
     return;
   }
   const auto deadline = std::chrono::steady_clock::now() + timeout;

@@ -208,11 +208,20 @@ c10::DeleterFnPtr PhantomDeviceAllocator::raw_deleter() const {
 void PhantomDeviceAllocator::copy_data(void* dest, const void* src,
                                        std::size_t count) const {
   // Used when a storage is cloned: the source may still be written by
-  // queued work, so wait for its device first.
+  // queued work, so wait for its device first. The wait is traced as what
+  // it is, a synchronize of that device (phantom/GpuTrace.h; no allocator
+  // lock is held here), so the race detector knows that everything queued
+  // before it is ordered before what follows. From device work
+  // synchronizeAllStreams skips the work's own stream: no device
+  // synchronize, not traced.
   ph_pointer_attributes_t attributes{};
   PHANTOM_CHECK(ph_pointer_get_attributes(src, &attributes));
   if (attributes.type == PH_MEMORY_DEVICE) {
-    synchronizeAllStreams(static_cast<c10::DeviceIndex>(attributes.device));
+    const auto device = static_cast<c10::DeviceIndex>(attributes.device);
+    synchronizeAllStreams(device);
+    if (!inDeviceWork()) {
+      gpu_trace::deviceSynchronized(device);
+    }
   }
   PHANTOM_CHECK(ph_memcpy(dest, src, count, PH_MEMCPY_DEVICE_TO_DEVICE));
 }

@@ -201,6 +201,11 @@ void DeviceCachingAllocator::recordStream(Block* block, c10::StreamId stream) {
 }
 
 void DeviceCachingAllocator::emptyCache() {
+  // The waits for the events of blocks held back by record_stream are
+  // followed by the wait for every stream of the device, traced as a
+  // synchronize of the device: the events' streams are among them, so
+  // the trace shows those waits too (each event's stream ordered before
+  // what follows), and fires with the mutex released.
   waitForPendingEvents();
   synchronizeDeviceForRelease(device_);
   std::lock_guard<std::mutex> lock(mutex_);

@@ -1,5 +1,6 @@
 // The switch that ends PyTorch's GPU trace hooks at exit, the hook shield
-// and the query, record-stream and device-sync observers (GpuTrace.h).
+// and the query, record-stream, work-stream and device-sync observers
+// (GpuTrace.h).
 #include <phantom/GpuTrace.h>
 
 #include <atomic>
@@ -11,6 +12,7 @@ std::atomic<HookShield> shield{nullptr};
 std::atomic<QueryObserver> query_observer{nullptr};
 std::atomic<RecordStreamObserver> record_stream_observer{nullptr};
 std::atomic<DeviceSyncObserver> device_sync_observer{nullptr};
+std::atomic<WorkStreamObserver> work_stream_observer{nullptr};
 }  // namespace
 
 void setDeviceSyncObserver(DeviceSyncObserver observer) noexcept {
@@ -19,6 +21,14 @@ void setDeviceSyncObserver(DeviceSyncObserver observer) noexcept {
 
 DeviceSyncObserver deviceSyncObserver() noexcept {
   return device_sync_observer.load(std::memory_order_acquire);
+}
+
+void setWorkStreamObserver(WorkStreamObserver observer) noexcept {
+  work_stream_observer.store(observer, std::memory_order_release);
+}
+
+WorkStreamObserver workStreamObserver() noexcept {
+  return work_stream_observer.load(std::memory_order_relaxed);
 }
 
 void setRecordStreamObserver(RecordStreamObserver observer) noexcept {

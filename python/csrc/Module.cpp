@@ -299,6 +299,37 @@ PYBIND11_MODULE(_C, m) {
       });
     });
   });
+  // The race detector's work-stream observer (phantom/GpuTrace.h): called
+  // as observer(after_handle, device, stream_id, stream_handle) when the op
+  // being dispatched queues its work on another stream (pccl's
+  // collectives); None removes it.
+  m.def("_set_work_stream_observer", [](py::object observer) {
+    static PyObject* current = nullptr;  // a strong reference, or null
+    phantom::gpu_trace::setWorkStreamObserver(nullptr);
+    Py_XDECREF(current);
+    current = nullptr;
+    if (observer.is_none()) {
+      return;
+    }
+    current = observer.release().ptr();
+    phantom::gpu_trace::setWorkStreamObserver(
+        [](uintptr_t after, c10::DeviceIndex device, int64_t stream_id, uintptr_t handle) {
+          PyObject* callback = current;
+          if (callback == nullptr || phantom::gpu_trace::tracingStopped()) {
+            return;
+          }
+          phantom::gpu_trace::runHook([&] {
+            PyObject* result = PyObject_CallFunction(
+                callback, "KiLK", static_cast<unsigned long long>(after),
+                static_cast<int>(device), static_cast<long long>(stream_id),
+                static_cast<unsigned long long>(handle));
+            if (result == nullptr) {
+              throw py::error_already_set();
+            }
+            Py_DECREF(result);
+          });
+        });
+  });
   // torch.phantom._gpu_trace's device-synchronize callbacks that take the
   // device index (phantom/GpuTrace.h, DeviceSyncObserver): called as
   // observer(device); None removes it.

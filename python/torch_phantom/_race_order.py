@@ -47,6 +47,11 @@ class _Order:
     def wait(self, event: int, stream: int) -> None:
         _merge(self._view(stream), self.events.get(event, {}))
 
+    def wait_stream(self, stream: int, other: int) -> None:
+        """``stream`` waits for what is queued on ``other`` so far."""
+        if stream != other:
+            _merge(self._view(stream), self._view(other))
+
     def sync_stream(self, stream: int) -> None:
         _merge(self.host, self._view(stream))
 

@@ -91,13 +91,20 @@ class Race:
                 f"tensor.record_stream(that stream) before the tensor is freed, or make "
                 f"the allocating stream wait for that stream (wait_stream) or synchronize "
                 f"it before the memory is used again.")
+        if self.previous.op.startswith(_COLLECTIVES):
+            fix = ("Wait for the collective before its tensors are used on any stream, "
+                   "the one that launched it included: work.wait() (async_op=False waits "
+                   "too), its Future's wait() or then(), wait_tensor() for a functional "
+                   "collective; another stream then waits for the one that waited "
+                   "(wait_stream), or synchronize in between.")
+        else:
+            fix = ("Order them: make the second stream wait for the first "
+                   "(second.wait_stream(first), or an Event recorded after the first op "
+                   "and waited on before the second), or synchronize in between.")
         return (
             f"{BACKEND_NAME} race detector: possible data race on device memory "
             f"{self.address:#x}:\n  {self.current.describe()}"
-            f"is not ordered after\n  {self.previous.describe()}"
-            f"Order them: make the second stream wait for the first "
-            f"(second.wait_stream(first), or an Event recorded after the first op "
-            f"and waited on before the second), or synchronize in between.")
+            f"is not ordered after\n  {self.previous.describe()}{fix}")
 
 
 class StreamRaceError(RuntimeError):
@@ -111,6 +118,10 @@ class StreamRaceError(RuntimeError):
 class StreamRaceWarning(UserWarning):
     """Warned for each race when the detector's action is "warn"."""
 
+
+# The ops of c10d's collectives (ProcessGroup's and the functional ones):
+# they run on the communication stream until something waits for them.
+_COLLECTIVES = ("c10d.", "_c10d_functional.")
 
 HOST_ACCESS = "host access before copy finished"
 FREED = "freed while in use"

@@ -16,7 +16,12 @@ hooks (torch.phantom._gpu_trace) tell it the rest: events recorded and
 waited on, stream, event and device synchronizes (a device's with its
 index: torch.phantom.synchronize(i), and the caching allocator's wait for
 every stream of a device before it returns cached memory to the driver),
-and blocks of device memory allocated and freed. From these it keeps a vector clock per stream
+and blocks of device memory allocated and freed. An op that queues its
+work on another stream than the current one (a pccl collective, on its
+communication stream) says so while it runs (work_queued_on): its accesses
+are filed on that stream, ordered after the launching one, and the event
+the runtime records behind it carries that order to whoever waits for the
+collective (Work.wait, c10's Future). From these it keeps a vector clock per stream
 (for each other stream, the last op of it this stream is ordered after),
 one per recorded event, and one for the host (what a synchronize has shown
 finished). An access is ordered after an earlier one when the accessing
@@ -133,13 +138,28 @@ def _waits_for_device(schema, args, kwargs, results, destinations: List) -> bool
 
 
 def _stream_name(stream: torch.Stream) -> str:
-    kind = "the default stream" if stream.stream_id == 0 else f"stream {stream.stream_id}"
-    return f"{kind} of {BACKEND_NAME}:{stream.device_index}"
+    return _name_of(stream.device_index, stream.stream_id)
+
+
+def _name_of(device: int, stream_id: int) -> str:
+    kind = "the default stream" if stream_id == 0 else f"stream {stream_id}"
+    return f"{kind} of {BACKEND_NAME}:{device}"
 
 
 # In-place view ops that can touch data: growing a tensor moves its old
 # bytes into the new storage.
 _RESIZES = (torch.ops.aten.resize_, torch.ops.aten.resize_as_)
+
+# Ops of c10d's functional collectives that hand back the tensor they get
+# and touch none of its bytes (their schemas do not say the result is the
+# argument): the wait for the collective, whose order the runtime traces
+# (Work.wait), and the autograd wrapper of its output. Counting them as a
+# read and a write on the current stream would race with the collective
+# they stand for.
+_CARRIERS = ("wait_tensor", "_wrap_tensor_autograd")
+# Functional collectives that clone their input on the launching stream
+# and run the collective on the clone: their inputs are read there.
+_CLONE_INPUT_FIRST = ("all_reduce", "all_reduce_coalesced", "broadcast")
 
 
 class _Detector(TorchDispatchMode):
@@ -204,8 +224,12 @@ class _Detector(TorchDispatchMode):
 
     def _stream(self, stream: torch.Stream) -> int:
         """The handle ``stream`` is tracked by (in a section)."""
-        handle = stream.native_handle
-        key = (stream.device_index, stream.stream_id)
+        return self._track(stream.device_index, stream.stream_id, stream.native_handle)
+
+    def _track(self, device: int, stream_id: int, handle: int) -> int:
+        """The handle stream ``stream_id`` of ``device``, whose driver handle
+        is now ``handle``, is tracked by (in a section)."""
+        key = (device, stream_id)
         old = self.handles.get(key)
         self.renamed.pop(handle, None)  # a destroyed handle the driver gave out again
         if old is not None and old != handle:
@@ -314,6 +338,25 @@ class _Detector(TorchDispatchMode):
                 self._forget_finished_frees()
         self._report_host_accesses(None)
 
+    def work_queued_on(self, after: int, device: int, stream_id: int, handle: int) -> None:
+        """The op being dispatched on this thread queues its work on stream
+        ``stream_id`` of ``device`` (driver handle ``handle``), ordered after
+        what is queued so far on the stream with handle ``after``: pccl's
+        collectives run on its communication stream that way. That stream
+        is ordered after ``after`` now, and the op is launched on it now
+        (before the runtime records the events that stand for the
+        collective's end): its accesses are filed there by ``_launched``.
+        Outside an op seen by the detector only the order is kept."""
+        runs_on = getattr(self.local, "runs_on", None)
+        with self.section():
+            stream = self._track(device, stream_id, handle)
+            self.order.wait_stream(stream, self._handle(after))
+            if runs_on is not None and device not in runs_on:
+                # (several calls of one op: the first launch, which every
+                # event recorded behind any of them covers)
+                runs_on[device] = (stream, _name_of(device, stream_id),
+                                   self.order.launch(stream))
+
     def recorded_on(self, address: int, handle: int) -> None:
         """C++ recorded stream ``handle`` on the block at ``address`` through
         the device guard (c10's Future does, for the streams its callbacks
@@ -405,6 +448,8 @@ class _Detector(TorchDispatchMode):
                         if memory is not None:
                             memory.recorded.add(handle)
             return func(*args, **kwargs)
+        if func.namespace == "_c10d_functional" and func._opname in _CARRIERS:
+            return func(*args, **kwargs)
         if torch.Tag.inplace_view in func.tags and func.overloadpacket not in _RESIZES:
             # set_, unsqueeze_, as_strided_, ...: change a tensor's view of
             # its storage (set_ rebinds it), touching none of its bytes.
@@ -436,11 +481,14 @@ class _Detector(TorchDispatchMode):
                 continue  # a view: shares memory, touches no data
             note(value, alias is not None and alias.is_write, f"argument '{argument.name}'")
         outer = getattr(self.local, "synced", None)
+        outer_runs_on = getattr(self.local, "runs_on", None)
         self.local.synced = synced = []
+        self.local.runs_on = runs_on = {}  # device -> (stream, name, seq)
         try:
             outputs = func(*args, **kwargs)
         finally:
             self.local.synced = outer
+            self.local.runs_on = outer_runs_on
             if outer is not None:
                 outer.extend(synced)
         host_races: List[Race] = []
@@ -457,19 +505,32 @@ class _Detector(TorchDispatchMode):
             destinations: List[torch.Tensor] = []
             if _waits_for_device(schema, args, kwargs, results, destinations):
                 synced.append(None)
-            self._launched(str(func), touched, synced, destinations, host_races)
+            reads_here = (func.namespace == "_c10d_functional"
+                          and func._opname in _CLONE_INPUT_FIRST)
+            self._launched(str(func), touched, synced, destinations, host_races, runs_on,
+                           reads_here)
         elif host_races:
             self._report(host_races)
         return outputs
 
     def _launched(self, op: str, touched: Dict[tuple, List], synced: List,
                   destinations: List[torch.Tensor] = (),
-                  host_races: List[Race] = ()) -> None:
+                  host_races: List[Race] = (), runs_on: Optional[Dict] = None,
+                  reads_here: bool = False) -> None:
         """Records the op's accesses: each on the current stream of the
         tensor's device (a copy between devices reads on one and writes on
-        the other). An op that synchronized its stream (or the device)
-        while it ran waited for its own work: the host has seen it."""
-        streams = {device: _dm.current_stream(device) for device, *_ in touched}
+        the other), or on the stream the op said it queued its work on
+        (``runs_on``, from work_queued_on: a collective's communication
+        stream), except, with ``reads_here``, what it only reads. An op
+        that synchronized its stream (or the device) while it ran waited
+        for its own work: the host has seen it."""
+        runs_on = runs_on or {}
+
+        def elsewhere(device: int, write: bool) -> bool:
+            return device in runs_on and (write or not reads_here)
+
+        streams = {key[0]: _dm.current_stream(key[0])
+                   for key, (write, _) in touched.items() if not elsewhere(key[0], write)}
         stack = _user_stack()
         races: List[Race] = list(host_races)
         with self.section():
@@ -481,7 +542,7 @@ class _Detector(TorchDispatchMode):
                 launched[device] = (handle, _stream_name(stream), self.order.launch(handle))
             reported: Set[int] = set()
             for (device, address, start, end), (write, names) in touched.items():
-                stream, name, seq = launched[device]
+                stream, name, seq = (runs_on if elsewhere(device, write) else launched)[device]
                 memory = self.memory.get(address)
                 if memory is None:  # allocated before the detector was on
                     memory = self.memory[address] = _Memory(device)
@@ -504,14 +565,14 @@ class _Detector(TorchDispatchMode):
                 memory.accesses = kept[-_KEPT:]
             if synced:
                 synced_handles = {self._handle(h) for h in synced if h is not None}
-                for stream, _, seq in launched.values():
+                for stream, _, seq in [*launched.values(), *runs_on.values()]:
                     if None in synced or stream in synced_handles:
                         self.order.finished(stream, seq)
                 self._release_seen()
                 self._forget_finished_frees()
                 races += self.pending
                 self.pending = []
-            if destinations:
+            if destinations and launched:
                 device = next(iter(launched))
                 self._guard(destinations, device, launched[device], op, stack)
         if races:
@@ -550,6 +611,12 @@ def _observe(method: str, handle: int, query: bool) -> None:
     detector = _active
     if detector is not None:
         detector.observed(method, handle, query)
+
+
+def _work_queued_on(after: int, device: int, stream_id: int, handle: int) -> None:
+    detector = _active
+    if detector is not None:
+        detector.work_queued_on(after, device, stream_id, handle)
 
 
 def _recorded_on(address: int, handle: int) -> None:
@@ -619,6 +686,7 @@ def enable(action: str = "error") -> None:
     streams._host_observer = _observe
     _C._set_query_observer(streams._observed)  # torch.Stream/Event queries too
     _C._set_record_stream_observer(_recorded_on)  # c10's Future records streams
+    _C._set_work_stream_observer(_work_queued_on)  # pccl's collectives
 
 
 def disable() -> None:
@@ -629,6 +697,7 @@ def disable() -> None:
         streams._host_observer = None
         _C._set_query_observer(None)
         _C._set_record_stream_observer(None)
+        _C._set_work_stream_observer(None)
         detector.__exit__(None, None, None)
         for guard in list(detector.guards):  # nothing stays protected
             _C._host_guard_release(guard)

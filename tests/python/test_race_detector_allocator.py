@@ -1,4 +1,4 @@
-"""The race detector and the caching allocator's own waits.
+"""The race detector and the allocator's own waits.
 
 Before cached memory goes back to the driver (``torch.phantom.empty_cache()``,
 the retry after the driver ran out of memory) the allocator waits for every
@@ -6,6 +6,11 @@ stream of the device. The runtime traces that wait as a synchronize of the
 device, with its index (torch.phantom._gpu_trace), so a block freed while
 another stream still used it, released that way and obtained again by a
 third stream is no race; a use the wait did not precede still is one.
+``empty_cache()``'s wait for the events of blocks held back by
+``record_stream`` comes just before, and the trace covers it. A raw clone
+of a storage (c10's ``Allocator::clone``, which copy-on-write
+materialization uses) waits for every stream of the source's device before
+it copies, traced the same way.
 
 Each program runs in a new process, from a file, as in test_race_detector.py.
 """
@@ -171,3 +176,67 @@ for t in threads:
 print(json.dumps({"errors": errors, "main": main_thread}))
 """)
     assert result == {"errors": [], "main": None}
+
+
+def test_empty_cache_orders_the_streams_of_blocks_held_back_by_record_stream():
+    # y's block is held back for side by record_stream; empty_cache() waits
+    # for it (and for every stream of the device): side's write of w is then
+    # ordered before the default stream's read. A write on side after
+    # empty_cache() is not.
+    result = run(CATCH + """
+y = torch.ones(1 << 20, device="phantom")
+w = torch.ones(1000, device="phantom")
+side.wait_stream(default)
+with torch.phantom.stream(side):
+    y.mul_(2)
+    w.mul_(2)                               # LINE-WRITE-BEFORE
+y.record_stream(side)
+del y
+torch.phantom.empty_cache()
+ordered = attempt(lambda: w + 1)
+side.wait_stream(default)
+with torch.phantom.stream(side):
+    w.mul_(2)                               # LINE-WRITE-AFTER
+print(json.dumps([ordered, attempt(lambda: w + 1)]))
+""")
+    assert result[0] is None
+    assert result[1]["kinds"] == ["unordered access"]
+    assert "LINE-WRITE-AFTER" in result[1]["text"]
+
+
+# A C++ extension that clones a tensor's storage with its allocator
+# (Allocator::clone: allocate, then copy_data), as copy-on-write
+# materialization does; torch gives Python no other way to it for phantom
+# memory. Built once per machine (torch's extension cache).
+RAW_CLONE = '''
+from torch.utils.cpp_extension import load_inline
+ext = load_inline("phantom_race_detector_raw_clone", cpp_sources="""
+#include <ATen/ATen.h>
+#include <c10/core/Allocator.h>
+void raw_clone(const at::Tensor& t) {
+  c10::Allocator* allocator = t.storage().allocator();
+  c10::DataPtr copy = allocator->clone(t.storage().data(), t.storage().nbytes());
+}
+""", functions=["raw_clone"])
+'''
+
+
+def test_a_raw_clone_of_a_storage_orders_every_stream_of_its_device():
+    # The clone waited for side's write before copying: the default
+    # stream's read after it is ordered. A write on side after the clone
+    # is not.
+    result = run(CATCH + RAW_CLONE + """
+x = torch.ones(1000, device="phantom")
+side.wait_stream(default)
+with torch.phantom.stream(side):
+    x.mul_(2)
+ext.raw_clone(x)
+ordered = attempt(lambda: x + 1)
+side.wait_stream(default)
+with torch.phantom.stream(side):
+    x.mul_(2)                               # LINE-WRITE-AFTER
+print(json.dumps([ordered, attempt(lambda: x + 1)]))
+""")
+    assert result[0] is None
+    assert result[1]["kinds"] == ["unordered access"]
+    assert "LINE-WRITE-AFTER" in result[1]["text"]

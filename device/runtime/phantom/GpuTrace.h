@@ -62,10 +62,11 @@ inline void queryFinished(bool is_event, uintptr_t handle) {
   }
 }
 
-// A stream recorded on a block from C++ through the device guard
+// A stream recorded on a block from C++, which the dispatcher never sees
+// as an aten::record_stream call: through the device guard
 // (recordDataPtrOnStream: c10's Future does it for the streams its
-// callbacks run on), which the dispatcher never sees as an
-// aten::record_stream call. The race detector installs this observer so
+// callbacks run on), or by pccl for its communication stream
+// (ProcessGroupPhantom::issue). The race detector installs this observer so
 // that such a block, freed after its use on that stream, is known to be
 // held back for it. `data` is the block's address, `stream` the stream's
 // driver handle. No observer: one relaxed load and a branch.
@@ -101,6 +102,30 @@ inline uintptr_t id(Handle handle) {
 }
 
 constexpr c10::DeviceType kType = c10::DeviceType::PrivateUse1;
+
+// The op being dispatched on the calling thread queues its device work on
+// another stream than the current one: `stream` (driver handle `handle`,
+// stream id `stream_id` of `device`), ordered after everything queued so
+// far on the stream with driver handle `after`. pccl's collectives run on
+// its communication stream that way (ProcessGroupPhantom::issue). The race
+// detector installs this observer to file the op's accesses on `stream`,
+// where they happen, and to order `stream` after `after`. Fire it once the
+// ordering is queued and before anything is recorded on `stream` behind
+// the work, with no runtime lock held. No observer: one relaxed load and a
+// branch.
+using WorkStreamObserver = void (*)(uintptr_t after, c10::DeviceIndex device,
+                                    int64_t stream_id, uintptr_t handle);
+void setWorkStreamObserver(WorkStreamObserver observer) noexcept;
+WorkStreamObserver workStreamObserver() noexcept;
+
+template <typename Stream>
+inline void workQueuedOn(Stream after, c10::DeviceIndex device, int64_t stream_id,
+                         Stream stream) {
+  if (WorkStreamObserver observer = workStreamObserver();
+      C10_UNLIKELY(observer != nullptr)) {
+    observer(id(after), device, stream_id, id(stream));
+  }
+}
 
 template <typename Event>
 inline void eventCreated(Event event) {
