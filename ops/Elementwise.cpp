@@ -686,7 +686,7 @@ bool reluQueued(const at::Tensor& self, const at::Tensor& out) {
   if (!admitted) {
     return false;
   }
-  const c10::DeviceGuard guard(self.device());
+  // The callers hold a guard of self's device (relu's for its at::empty).
   const PhantomStream stream = getCurrentPhantomStream(self.device().index());
   const c10::ScalarType dtype = self.scalar_type();
   if ((dtype == c10::kFloat || dtype == c10::kDouble) && self.numel() > 0 &&
@@ -731,7 +731,12 @@ at::Tensor relu(const at::Tensor& self) {
 }
 
 at::Tensor& reluInPlace(at::Tensor& self) {
-  if (isPhantom(self) && self.is_contiguous() && reluQueued(self, self)) {
+  bool queued = false;
+  if (isPhantom(self) && self.is_contiguous()) {
+    const c10::DeviceGuard guard(self.device());
+    queued = reluQueued(self, self);
+  }
+  if (queued) {
     relu_inplace_counter.count();
     return self;
   }
