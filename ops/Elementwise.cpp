@@ -30,6 +30,7 @@
 #include <phantom/Stream.h>
 #include <phantom/CpuAdmission.h>
 #include <phantom/ops/GenericPath.h>
+#include <phantom/BoundsCheck.h>
 #include <phantom/KernelAliases.h>
 #include <phantom/ops/OpsReport.h>
 #include <phantom/Exception.h>
@@ -59,6 +60,7 @@
 #include <torch/library.h>
 
 #include <optional>
+#include <type_traits>
 
 namespace phantom {
 namespace {
@@ -267,68 +269,120 @@ bool fitsDirectLoop(Binary op, const at::Tensor& out, const Input& a,
 
 // Where a contiguous operand's first element is, in the kernel view.
 template <typename T>
-T* kernelPointer(const DeviceTensorRef& ref) {
+T* kernelPointer(void* storage_data, int64_t storage_offset) {
   void* base = nullptr;
-  PHANTOM_CHECK(ph_kernel_address(ref.storage_data, &base));
-  return static_cast<T*>(base) + ref.storage_offset;
-}
-
-template <typename T, typename Op>
-void directLoop(const DeviceTensorRef& out, const Input& a, const Input& b,
-                Op op) {
-  const int64_t n = c10::multiply_integers(out.sizes);
-  T* o = kernelPointer<T>(out);
-  // `out` is an input itself (x.add_(y)) or overlaps none (writable()):
-  // no element is read after another one is written.
-  if (a.deviceRef() && b.deviceRef()) {
-    const T* x = kernelPointer<T>(*a.deviceRef());
-    const T* y = kernelPointer<T>(*b.deviceRef());
-#pragma GCC ivdep
-    for (int64_t i = 0; i < n; ++i) {
-      o[i] = op(x[i], y[i]);
-    }
-  } else if (a.deviceRef()) {
-    const T* x = kernelPointer<T>(*a.deviceRef());
-    const T y = b.template scalarAs<T>();
-#pragma GCC ivdep
-    for (int64_t i = 0; i < n; ++i) {
-      o[i] = op(x[i], y);
-    }
-  } else {
-    const T x = a.template scalarAs<T>();
-    const T* y = kernelPointer<T>(*b.deviceRef());
-#pragma GCC ivdep
-    for (int64_t i = 0; i < n; ++i) {
-      o[i] = op(x, y[i]);
-    }
-  }
+  PHANTOM_CHECK(ph_kernel_address(storage_data, &base));
+  return static_cast<T*>(base) + storage_offset;
 }
 
 template <typename T>
-void runDirect(Binary op, const DeviceTensorRef& out, const Input& a,
-               const Input& b) {
-  switch (op) {
-    case Binary::kAdd: return directLoop<T>(out, a, b, [](T x, T y) { return x + y; });
-    case Binary::kMul: return directLoop<T>(out, a, b, [](T x, T y) { return x * y; });
-    case Binary::kDiv: return directLoop<T>(out, a, b, [](T x, T y) { return x / y; });
-    case Binary::kSub: break;  // never direct (fitsDirectLoop)
-  }
+T* kernelPointer(const DeviceTensorRef& ref) {
+  return kernelPointer<T>(ref.storage_data, ref.storage_offset);
 }
+
+// What the direct loop's queued kernel needs, and no more: where each
+// operand starts and how many elements, or a CPU scalar's value already
+// converted to the op's dtype (the conversion the CPU kernel makes, made
+// at the call instead of on the worker). A few plain words, so the launch
+// copies no sizes or strides (a DeviceTensorRef's inline vectors).
+struct DirectOperand {
+  void* storage_data = nullptr;  // null: the scalar below
+  int64_t storage_offset = 0;
+  float scalar_float = 0;
+  double scalar_double = 0;
+
+  static DirectOperand of(const Input& input) {
+    DirectOperand operand;
+    if (const DeviceTensorRef* ref = input.deviceRef()) {
+      operand.storage_data = ref->storage_data;
+      operand.storage_offset = ref->storage_offset;
+    } else {
+      operand.scalar_float = input.scalarAs<float>();
+      operand.scalar_double = input.scalarAs<double>();
+    }
+    return operand;
+  }
+  template <typename T>
+  T scalar() const {
+    if constexpr (std::is_same_v<T, float>) {
+      return scalar_float;
+    } else {
+      return scalar_double;
+    }
+  }
+};
+
+struct DirectBinary {
+  Binary op;
+  bool is_float;
+  int64_t numel;
+  void* out_data;
+  int64_t out_offset;
+  DirectOperand a;
+  DirectOperand b;
+
+  template <typename T, typename Op>
+  void loop(Op op) const {
+    const int64_t n = numel;
+    T* o = kernelPointer<T>(out_data, out_offset);
+    // `out` is an input itself (x.add_(y)) or overlaps none (writable()):
+    // no element is read after another one is written.
+    if (a.storage_data && b.storage_data) {
+      const T* x = kernelPointer<T>(a.storage_data, a.storage_offset);
+      const T* y = kernelPointer<T>(b.storage_data, b.storage_offset);
+#pragma GCC ivdep
+      for (int64_t i = 0; i < n; ++i) {
+        o[i] = op(x[i], y[i]);
+      }
+    } else if (a.storage_data) {
+      const T* x = kernelPointer<T>(a.storage_data, a.storage_offset);
+      const T y = b.scalar<T>();
+#pragma GCC ivdep
+      for (int64_t i = 0; i < n; ++i) {
+        o[i] = op(x[i], y);
+      }
+    } else {
+      const T x = a.scalar<T>();
+      const T* y = kernelPointer<T>(b.storage_data, b.storage_offset);
+#pragma GCC ivdep
+      for (int64_t i = 0; i < n; ++i) {
+        o[i] = op(x, y[i]);
+      }
+    }
+  }
+
+  template <typename T>
+  void run() const {
+    switch (op) {
+      case Binary::kAdd: return loop<T>([](T x, T y) { return x + y; });
+      case Binary::kMul: return loop<T>([](T x, T y) { return x * y; });
+      case Binary::kDiv: return loop<T>([](T x, T y) { return x / y; });
+      case Binary::kSub: break;  // never direct (fitsDirectLoop)
+    }
+  }
+
+  void operator()() const {
+    if (is_float) {
+      run<float>();
+    } else {
+      run<double>();
+    }
+  }
+};
 
 // Queues `out = op(a, b, alpha)` on the current stream of `device`.
 void queueBinary(Binary op, const at::Tensor& out, Input a, Input b,
                  const at::Scalar& alpha, c10::Device device) {
   if (fitsDirectLoop(op, out, a, b, alpha)) {
-    const bool is_float = out.scalar_type() == c10::kFloat;
-    launchAsync(getCurrentPhantomStream(device.index()), nameOf(op),
-                [op, is_float, out = DeviceTensorRef(out), a = std::move(a),
-                 b = std::move(b)] {
-                  if (is_float) {
-                    runDirect<float>(op, out, a, b);
-                  } else {
-                    runDirect<double>(op, out, a, b);
-                  }
-                });
+    checkInsideStorage(out);  // as DeviceTensorRef(out) would
+    const DirectBinary work{op,
+                            out.scalar_type() == c10::kFloat,
+                            out.numel(),
+                            out.storage().mutable_data(),
+                            out.storage_offset(),
+                            DirectOperand::of(a),
+                            DirectOperand::of(b)};
+    launchAsync(getCurrentPhantomStream(device.index()), nameOf(op), work);
     return;
   }
   const PhantomStream stream = getCurrentPhantomStream(device.index());
@@ -590,17 +644,34 @@ CpuAdmission relu_admission;
 // NaN or a zero) and in its scalar tail (std::max(a, 0)) alike, so this
 // loop is bit-identical to it: NaNs keep their payload and sign, -0 stays
 // -0 (tests/python/test_graphs_nodes.py compares the bits).
-template <typename T>
-void reluLoop(const DeviceTensorRef& in, const DeviceTensorRef& out) {
-  const int64_t n = c10::multiply_integers(out.sizes);
-  const T* x = kernelPointer<T>(in);
-  T* o = kernelPointer<T>(out);
-  // `out` is `in` itself (relu_) or a fresh tensor.
+struct DirectRelu {
+  bool is_float;
+  int64_t numel;
+  void* in_data;
+  int64_t in_offset;
+  void* out_data;
+  int64_t out_offset;
+
+  template <typename T>
+  void loop() const {
+    const int64_t n = numel;
+    const T* x = kernelPointer<T>(in_data, in_offset);
+    T* o = kernelPointer<T>(out_data, out_offset);
+    // `out` is `in` itself (relu_) or a fresh tensor.
 #pragma GCC ivdep
-  for (int64_t i = 0; i < n; ++i) {
-    o[i] = x[i] < T(0) ? T(0) : x[i];
+    for (int64_t i = 0; i < n; ++i) {
+      o[i] = x[i] < T(0) ? T(0) : x[i];
+    }
   }
-}
+
+  void operator()() const {
+    if (is_float) {
+      loop<float>();
+    } else {
+      loop<double>();
+    }
+  }
+};
 
 bool reluQueued(const at::Tensor& self, const at::Tensor& out) {
   if (!isPlainPhantom(self) || !computedFloatingType(self.scalar_type())) {
@@ -615,21 +686,21 @@ bool reluQueued(const at::Tensor& self, const at::Tensor& out) {
   if (!admitted) {
     return false;
   }
-  const c10::DeviceGuard guard(self.device());
+  // The callers hold a guard of self's device (relu's for its at::empty).
   const PhantomStream stream = getCurrentPhantomStream(self.device().index());
   const c10::ScalarType dtype = self.scalar_type();
   if ((dtype == c10::kFloat || dtype == c10::kDouble) && self.numel() > 0 &&
       self.numel() <= at::internal::GRAIN_SIZE) {
     // Both contiguous (the callers' condition): out is self or fresh.
-    launchAsync(stream, "aten::relu",
-                [in = DeviceTensorRef(self), out = DeviceTensorRef(out),
-                 is_float = dtype == c10::kFloat] {
-                  if (is_float) {
-                    reluLoop<float>(in, out);
-                  } else {
-                    reluLoop<double>(in, out);
-                  }
-                });
+    checkInsideStorage(self);  // as DeviceTensorRef would
+    checkInsideStorage(out);
+    const DirectRelu work{dtype == c10::kFloat,
+                          self.numel(),
+                          self.storage().mutable_data(),
+                          self.storage_offset(),
+                          out.storage().mutable_data(),
+                          out.storage_offset()};
+    launchAsync(stream, "aten::relu", work);
     return true;
   }
   launchAsync(stream, "aten::relu",
@@ -660,7 +731,12 @@ at::Tensor relu(const at::Tensor& self) {
 }
 
 at::Tensor& reluInPlace(at::Tensor& self) {
-  if (isPhantom(self) && self.is_contiguous() && reluQueued(self, self)) {
+  bool queued = false;
+  if (isPhantom(self) && self.is_contiguous()) {
+    const c10::DeviceGuard guard(self.device());
+    queued = reluQueued(self, self);
+  }
+  if (queued) {
     relu_inplace_counter.count();
     return self;
   }

@@ -17,11 +17,15 @@
 #include <phantom/ops/GenericPath.h>
 #include <phantom/KernelAliases.h>
 
+#include <ATen/Dispatch.h>
+#include <ATen/TensorIterator.h>  // at::internal::GRAIN_SIZE
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/_local_scalar_dense.h>
 #include <ATen/ops/empty.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
+
+#include <cstring>
 
 namespace phantom {
 namespace {
@@ -58,6 +62,85 @@ bool fillByMemset(at::Tensor& self, const at::Scalar& value) {
   return true;
 }
 
+// The direct fill. A dense tensor (contiguous, or any non-overlapping
+// dense layout) covers exactly numel consecutive elements of its storage
+// from its offset, and a fill writes one value everywhere, so the queued
+// kernel needs no CPU alias, no dispatcher call and no TensorIterator (on
+// the worker they cost several times a small fill): it writes the
+// element's bytes over that range. The bytes are the value converted on
+// the host with Scalar::to<T>(), the conversion the CPU's fill kernel
+// makes, so the result is bit-identical. Only for the dtypes below, and
+// up to the size the CPU's kernel fills on one thread; the rest keeps the
+// CPU kernel over aliases.
+struct DenseFill {
+  void* storage_data;        // device address of the storage
+  size_t offset_bytes;       // of the first element
+  int64_t numel;
+  uint64_t element_bits = 0;  // the element's bytes, little-endian
+  int element_size;
+  bool all_zero;
+
+  void run() const {
+    void* base = nullptr;
+    PHANTOM_CHECK(ph_kernel_address(storage_data, &base));
+    char* first = static_cast<char*>(base) + offset_bytes;
+    if (all_zero || element_size == 1) {
+      std::memset(first, static_cast<int>(element_bits & 0xff),
+                  static_cast<size_t>(numel) * element_size);
+      return;
+    }
+    switch (element_size) {
+      case 2: return fillWith<uint16_t>(first);
+      case 4: return fillWith<uint32_t>(first);
+      case 8: return fillWith<uint64_t>(first);
+    }
+  }
+
+  template <typename Bits>
+  void fillWith(char* first) const {
+    const auto bits = static_cast<Bits>(element_bits);
+    Bits* out = reinterpret_cast<Bits*>(first);
+    for (int64_t i = 0; i < numel; ++i) {
+      out[i] = bits;
+    }
+  }
+};
+
+bool queueDenseFill(const at::Tensor& self, const at::Scalar& value) {
+  const int64_t numel = self.numel();
+  if (self.layout() != c10::kStrided || self.is_conj() || self.is_neg() ||
+      numel == 0 || numel > at::internal::GRAIN_SIZE ||
+      !self.is_non_overlapping_and_dense()) {
+    return false;
+  }
+  const c10::ScalarType dtype = self.scalar_type();
+  switch (dtype) {
+    case c10::kByte: case c10::kChar: case c10::kShort: case c10::kInt:
+    case c10::kLong: case c10::kHalf: case c10::kFloat: case c10::kDouble:
+    case c10::kBool: case c10::kBFloat16:
+      break;
+    default:
+      return false;  // complex, float8, the unsigned and bit types, ...
+  }
+  DenseFill fill{};
+  AT_DISPATCH_ALL_TYPES_AND3(
+      c10::kHalf, c10::kBFloat16, c10::kBool, dtype, "fill_", [&] {
+        const scalar_t element = value.to<scalar_t>();
+        static_assert(sizeof(scalar_t) <= sizeof(fill.element_bits));
+        std::memcpy(&fill.element_bits, &element, sizeof(scalar_t));
+      });
+  checkInsideStorage(self, "fill_");
+  fill.storage_data = self.storage().mutable_data();
+  fill.offset_bytes = static_cast<size_t>(self.storage_offset()) *
+                      self.element_size();
+  fill.numel = numel;
+  fill.element_size = static_cast<int>(self.element_size());
+  fill.all_zero = fill.element_bits == 0;
+  launchAsync(getCurrentPhantomStream(self.device().index()), "aten::fill_",
+              [fill] { fill.run(); });
+  return true;
+}
+
 at::Tensor& fillScalar(at::Tensor& self, const at::Scalar& value) {
   if (!kernelViewAvailable()) {
     if (!fillByMemset(self, value)) {
@@ -76,6 +159,9 @@ at::Tensor& fillScalar(at::Tensor& self, const at::Scalar& value) {
     return self;
   }
   const c10::DeviceGuard guard(self.device());
+  if (queueDenseFill(self, value)) {
+    return self;
+  }
   launchAsync(getCurrentPhantomStream(self.device().index()), "aten::fill_",
               [target = DeviceTensorRef(self), value] {
                 KernelAliases aliases;

@@ -58,12 +58,10 @@ void describeFailure(char* error, size_t error_size, const char* what,
                 where.c_str());
 }
 
-struct AsyncWork {
-  std::function<void()> work;
-  PhantomStream stream;
-  int threads = 0;  // the launching thread's OpenMP thread count
-  AsyncWork* next_finished = nullptr;  // in FinishedWork's list
+using launch_detail::AsyncWork;
 
+// The driver's entry points for queued work (ph_host_task_t).
+struct AsyncWorkCalls {
   static ph_status_t run(void* self, char* error, size_t error_size) {
     auto* state = static_cast<AsyncWork*>(self);
     try {
@@ -75,7 +73,7 @@ struct AsyncWork {
           c10::default_included_set, c10::default_excluded_set);
       DeviceWorkScope scope(state->stream);
       useThreadCount(state->threads);
-      state->work();
+      state->call();
       return PH_SUCCESS;
     } catch (const std::exception& e) {
       describeFailure(error, error_size, whatOf(e), state->stream);
@@ -136,7 +134,7 @@ FinishedWork& finishedWork() {
   return *finished;
 }
 
-void AsyncWork::release(void* self) {
+void AsyncWorkCalls::release(void* self) {
   finishedWork().push(static_cast<AsyncWork*>(self));
 }
 
@@ -174,18 +172,32 @@ bool releaseFinishedWork() noexcept {
   return !inDeviceWork() && finishedWork().destroyAll();
 }
 
-void launchAsync(const PhantomStream& stream, const char* name,
-                 std::function<void()> work) {
+namespace launch_detail {
+
+void launchWork(const PhantomStream& stream, const char* name,
+                std::unique_ptr<AsyncWork> owned) {
   releaseFinishedWork();  // the launches before this one, if they are done
   installKernelHostAllocator();  // the kernels' big allocations: cached
-  faultHookLaunch(stream, name, work, /*waited=*/false);
-  auto* state = new AsyncWork{std::move(work), stream, at::get_num_threads()};
-  const ph_host_task_t task{name, &AsyncWork::run, &AsyncWork::release, state};
-  // On failure the driver has already released (deleted) the state. A
-  // refusal for earlier failed work reports that failure once and resets
-  // the stream (PhantomStream::check).
+  owned->threads = at::get_num_threads();
+  AsyncWork* const state = owned.release();
+  const ph_host_task_t task{name, &AsyncWorkCalls::run,
+                            &AsyncWorkCalls::release, state};
+  // On failure the driver has already released the state (to the finished
+  // list). A refusal for earlier failed work reports that failure once and
+  // resets the stream (PhantomStream::check).
   const ph_stream_t driver_stream = stream.handle();
   stream.check(ph_launch_host_func(driver_stream, &task), driver_stream);
+}
+
+}  // namespace launch_detail
+
+void launchAsync(const PhantomStream& stream, const char* name,
+                 std::function<void()> work) {
+  faultHookLaunch(stream, name, work, /*waited=*/false);
+  launch_detail::launchWork(
+      stream, name,
+      std::make_unique<launch_detail::AsyncWorkOf<std::function<void()>>>(
+          stream, std::move(work)));
 }
 
 void launchAndWait(const PhantomStream& stream, const char* name,

@@ -39,7 +39,8 @@ ph_stream_t currentWorkStream() noexcept {
 
 DeviceWorkScope::DeviceWorkScope(const PhantomStream& stream)
     : previous_(work_stream),
-      previous_stream_(getCurrentPhantomStream(stream.device_index())) {
+      previous_stream_(getCurrentPhantomStream(stream.device_index())),
+      work_device_(stream.device_index()) {
   PHANTOM_CHECK(ph_get_device(&previous_device_));
   work_stream = stream.handle();
   if (previous_device_ != stream.device_index()) {
@@ -52,8 +53,16 @@ DeviceWorkScope::DeviceWorkScope(const PhantomStream& stream)
 
 DeviceWorkScope::~DeviceWorkScope() {
   work_stream = previous_;
-  setCurrentPhantomStream(previous_stream_);
-  (void)ph_set_device(previous_device_);
+  // Restored only where they differ: on a stream's worker, which runs that
+  // stream's work task after task, neither changes, and the two calls were
+  // most of the scope's cost per task.
+  if (currentPhantomStreamId(previous_stream_.device_index()) !=
+      previous_stream_.id()) {
+    setCurrentPhantomStream(previous_stream_);
+  }
+  if (previous_device_ != work_device_) {
+    (void)ph_set_device(previous_device_);
+  }
 }
 
 void setHostExecHooks(const HostExecHooks& hooks) {

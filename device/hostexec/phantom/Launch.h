@@ -18,14 +18,66 @@
 #pragma once
 
 #include <phantom/DeviceWork.h>  // inDeviceWork, currentWorkStream
+#include <phantom/FaultInjection.h>
 #include <phantom/Stream.h>
 
 #include <functional>
+#include <memory>
+#include <type_traits>
+#include <utility>
 
 namespace phantom {
 
 void launchAsync(const PhantomStream& stream, const char* name,
                  std::function<void()> work);
+
+namespace launch_detail {
+
+// Queued work as the driver holds it (Launch.cpp): the stream, the
+// launching thread's OpenMP thread count, and the closure, destroyed on a
+// host thread once finished (releaseFinishedWork).
+struct AsyncWork {
+  explicit AsyncWork(const PhantomStream& s) : stream(s) {}
+  virtual ~AsyncWork() = default;
+  virtual void call() = 0;
+  PhantomStream stream;
+  int threads = 0;  // set by launchWork
+  AsyncWork* next_finished = nullptr;  // in the finished list
+};
+
+template <typename Work>
+struct AsyncWorkOf final : AsyncWork {
+  template <typename W>
+  AsyncWorkOf(const PhantomStream& s, W&& w)
+      : AsyncWork(s), work(std::forward<W>(w)) {}
+  void call() override { work(); }
+  Work work;
+};
+
+// Queues `state` (owned from here on, also on failure).
+void launchWork(const PhantomStream& stream, const char* name,
+                std::unique_ptr<AsyncWork> state);
+
+}  // namespace launch_detail
+
+// launchAsync for a closure other than a std::function: the closure is
+// kept in the queued work's own allocation, so a launch makes one heap
+// allocation instead of two (the work's and the std::function's) and
+// moves the closure once. The same semantics; with a fault-injection knob
+// armed it takes the std::function path, which the knobs wrap.
+template <typename Work,
+          typename = std::enable_if_t<!std::is_same_v<
+              std::decay_t<Work>, std::function<void()>>>>
+void launchAsync(const PhantomStream& stream, const char* name, Work&& work) {
+  if (C10_UNLIKELY(faults_detail::active.load(std::memory_order_relaxed))) {
+    launchAsync(stream, name, std::function<void()>(std::forward<Work>(work)));
+    return;
+  }
+  launch_detail::launchWork(
+      stream, name,
+      std::make_unique<launch_detail::AsyncWorkOf<std::decay_t<Work>>>(
+          stream, std::forward<Work>(work)));
+}
 
 void launchAndWait(const PhantomStream& stream, const char* name,
                    std::function<void()> work);

@@ -49,6 +49,7 @@ class DeviceWorkScope {
  private:
   ph_stream_t previous_;
   PhantomStream previous_stream_;
+  int work_device_ = 0;
   int previous_device_ = 0;
 };
 
