@@ -340,10 +340,13 @@ samples.sort()
 print(json.dumps(samples[7]))
 """
 
-# Rounds of child processes per model for the "each alone" reference (the
-# CPU, phantom, phantom with backward on the calling thread), the order
-# reversed from one round to the next.
-ALONE_PAIRS = 2
+# Rounds of child processes per model for the judged "each alone" ratio
+# (the CPU, phantom, phantom with backward on the calling thread), the
+# order reversed from one round to the next. A round's ratio depends on
+# where the OS places each child's threads (docs/performance.md, "Where
+# the OS puts autograd's device thread"); on the 2-core machine single
+# rounds of one model ranged 0.85-1.30, so the judged median takes six.
+ALONE_PAIRS = 6
 
 
 def alone_step_s(name, device, n):
@@ -421,7 +424,7 @@ def bench_training(args, results):
         calls = generic_path_calls(make(PHANTOM))
         row = record(results, "training", name, make, args, control=True,
                      extra={"model": name, "generic_calls": calls})
-        alone = alone_steps(name, max(1, row["inner"]))
+        alone = alone_steps(name, max(1, row["inner"]), args.alone_rounds)
         row.update(alone)
 
         def shown(key):
@@ -431,7 +434,7 @@ def bench_training(args, results):
             return f"{alone[key]:.2f}" if alone[key] else "?"
         print(f"    per step: {calls['native']} native, {calls['async']} async, "
               f"{calls['sync']} sync calls")
-        print(f"    judged, each alone (own processes, OpenMP default, {ALONE_PAIRS} "
+        print(f"    judged, each alone (own processes, OpenMP default, {args.alone_rounds} "
               f"rounds): CPU {shown('cpu_alone_s')}, phantom {shown('phantom_alone_s')} "
               f"(ratio {ratio('alone_ratio')}), phantom with backward on the calling "
               f"thread {shown('caller_alone_s')} (ratio {ratio('caller_alone_ratio')}); "
@@ -656,6 +659,10 @@ def main(argv=None):
                         "(default 8; 0: never)")
     parser.add_argument("--min-sample-ms", type=float,
                         help="minimum duration of one sample (default 20, 5 with --quick)")
+    parser.add_argument("--alone-rounds", type=int,
+                        help="rounds of child processes per model for the judged "
+                             f"'each alone' training ratio (default {ALONE_PAIRS}, "
+                             "--quick 2)")
     parser.add_argument("--out", help="write the results as JSON here")
     parser.add_argument("--allow-dirty", action="store_true",
                         help=f"write {PUBLISHED.relative_to(ROOT)} even from a tree with "
@@ -670,6 +677,8 @@ def main(argv=None):
         return run_cpu_child(args.cpu_child[0], int(args.cpu_child[1]), args.quick)
     if args.loop_chain is not None:
         return loop_chain(args.loop_chain)
+    if args.alone_rounds is None:
+        args.alone_rounds = 2 if args.quick else ALONE_PAIRS
     commit, dirty = tree_state()
     publishing = (args.out is not None
                   and pathlib.Path(args.out).resolve() == PUBLISHED.resolve())
