@@ -152,7 +152,11 @@ void queueWithOutputs(const char* name, c10::Device device,
           results = kernel(in, outs);
         }
         lending.close();
-        for (size_t i = 0; i < Outs; ++i) deliver(results[i], outs[i]);
+        // Only outs[0] is lent, and a kernel may have put another result
+        // in it (an allocation of that size made before its own): the
+        // others are delivered first, out of that memory, before outs[0]
+        // is written.
+        for (size_t i = Outs; i-- > 0;) deliver(results[i], outs[i]);
       }
       lending.requireNothingKept(name);
     });
@@ -248,20 +252,16 @@ Bag embeddingBag(bool forward_only, const T& weight, const T& indices,
   return {outs[0], outs[1], outs[2], outs[3]};
 }
 
-Bag embeddingBagForTraining(const T& weight, const T& indices, const T& offsets,
-                            bool scale_grad_by_freq, int64_t mode, bool sparse,
-                            const std::optional<T>& per_sample_weights,
-                            bool include_last_offset, int64_t padding_idx) {
-  return embeddingBag(false, weight, indices, offsets, scale_grad_by_freq, mode,
-                      sparse, per_sample_weights, include_last_offset, padding_idx);
-}
-
-Bag embeddingBagForwardOnly(const T& weight, const T& indices, const T& offsets,
-                            bool scale_grad_by_freq, int64_t mode, bool sparse,
-                            const std::optional<T>& per_sample_weights,
-                            bool include_last_offset, int64_t padding_idx) {
-  return embeddingBag(true, weight, indices, offsets, scale_grad_by_freq, mode,
-                      sparse, per_sample_weights, include_last_offset, padding_idx);
+// One registered kernel per op: _embedding_bag records for backward,
+// _embedding_bag_forward_only does not.
+template <bool kForwardOnly>
+Bag embeddingBagOp(const T& weight, const T& indices, const T& offsets,
+                   bool scale_grad_by_freq, int64_t mode, bool sparse,
+                   const std::optional<T>& per_sample_weights,
+                   bool include_last_offset, int64_t padding_idx) {
+  return embeddingBag(kForwardOnly, weight, indices, offsets, scale_grad_by_freq,
+                      mode, sparse, per_sample_weights, include_last_offset,
+                      padding_idx);
 }
 
 // --- _embedding_bag_backward ---------------------------------------------
@@ -359,8 +359,8 @@ std::tuple<T, T> logSigmoidForward(const T& self) {
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  m.impl("_embedding_bag", TORCH_FN(embeddingBagForTraining));
-  m.impl("_embedding_bag_forward_only", TORCH_FN(embeddingBagForwardOnly));
+  m.impl("_embedding_bag", TORCH_FN(embeddingBagOp<false>));
+  m.impl("_embedding_bag_forward_only", TORCH_FN(embeddingBagOp<true>));
   m.impl("_embedding_bag_backward", TORCH_FN(embeddingBagBackward));
   m.impl("log_sigmoid_forward", TORCH_FN(logSigmoidForward));
 }
