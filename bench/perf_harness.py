@@ -88,8 +88,15 @@ def time_case(make, args, inner=None, control=False):
     def remake():
         runs.clear()  # free the old inputs before building the new ones
         runs.update({arm: make(device_of[arm]) for arm in arms})
-        for arm in arms:  # first touch, caches
-            sample(arm, 1)
+        # A whole untimed sample of each arm, not one call: building the
+        # CPU arms' inputs keeps the Python thread busy for up to a second
+        # (a serial torch.rand of 256 MiB), and for the next tens of ms
+        # Linux may wake phantom's worker's OpenMP helper on the worker's
+        # own core while the other idles (docs/performance.md, "Measuring
+        # on a virtual machine"): the first phantom sample after a remake
+        # took 1.5x the next ones in the large ops' runs.
+        for arm in arms:
+            sample(arm, inner)
 
     def sample(arm, k):
         run = runs[arm]
@@ -120,7 +127,9 @@ def time_case(make, args, inner=None, control=False):
             if per_call * inner >= min_sample_s:
                 break
             inner = max(2 * inner, int(1.2 * min_sample_s / max(per_call, 1e-9)))
-    sample(PHANTOM, 1)
+    # The sizing kept the Python thread busy on the CPU: phantom gets an
+    # untimed sample of its own after it, as after a remake (below).
+    sample(PHANTOM, inner)
     # Rounds: at least args.reps; more, up to args.max_reps, while the case
     # has been timed for less than args.case_budget_s (building inputs
     # again does not count); always whole blocks (balanced_ratio). Each
