@@ -385,8 +385,21 @@ ph_status_t Stream::RunNow(Task task) {
     return Fail(refusal, std::move(message));
   }
   uint64_t position = 0;
-  if (!Claim(&position, /*only_when_idle=*/true)) {
-    // Busy (or closing): queue it and wait, as the worker runs it.
+  bool claimed = Claim(&position, /*only_when_idle=*/true);
+  if (!claimed && (tail_.load(std::memory_order_acquire) & kClosedBit) == 0) {
+    // Busy: wait for the work queued so far, as the task would, then run
+    // it here if no other thread queued more meanwhile. The worker never
+    // sees the task, so a blocking copy after a kernel (what `.item()`
+    // makes) costs one hand-off between threads instead of two.
+    WaitForGeneration(Enqueued());
+    if (Refusal(true, &message) != PH_SUCCESS) {
+      task.Release();
+      return StickyStatus();
+    }
+    claimed = Claim(&position, /*only_when_idle=*/true);
+  }
+  if (!claimed) {
+    // Closing, or more work arrived: queue it and wait, as the worker runs it.
     uint64_t generation = 0;
     const ph_status_t queued = Enqueue(std::move(task), true, &generation);
     if (queued != PH_SUCCESS) return queued;
