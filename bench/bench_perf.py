@@ -1,11 +1,16 @@
 """Phantom against the CPU: small-op latency, scaling, large ops, training
-steps and copies, in one process.
+steps, copies, waits and the first operation of a process.
 
 Design. Every benchmark is a set of cases, each the same piece of work
 written for "phantom" and for "cpu", timed interleaved in one process by
 perf_harness.py (whose docstring says how a case is timed and how its
 ratio is formed); the large ops and the training steps also time a
 second CPU copy of the case, the run's noise floor.
+
+The latency benchmarks, "waits" (work whose result the host needs at
+once, quiet and with one busy process, and a chain of 2,000 small adds)
+and "first_op" (the first operations of fresh processes), reuse
+bench_waits.py's and bench_first_op.py's cases (bench/perf_latency.py).
 
 A last part, "breakdown", times the layers of one small op on phantom
 (torch.add on 1,000 floats: CPU op, Meta kernel, allocation, idle sync,
@@ -42,7 +47,7 @@ uncommitted changes to tracked files outside the suite's own outputs,
 unless --allow-dirty, which marks the commit "+dirty" (and the plots and
 tables keep the mark).
 
-    python bench/bench_perf.py                  # everything, ~4 min
+    python bench/bench_perf.py                  # everything, ~7 min
     python bench/bench_perf.py --quick          # small sizes, few rounds, < 1 min
     python bench/bench_perf.py --only small_ops scaling --reps 7
     python bench/bench_perf.py --out bench/results/perf.json
@@ -78,9 +83,11 @@ from perf_harness import (  # noqa: E402
     PHANTOM, cpu_ticks, fmt_time, header, machine,
     paired_ratio, record, steal_fraction, sync)
 from perf_judging import (  # noqa: E402,F401  (judge: tests use it from here)
-    SCALING_JUDGED_ABOVE, TARGETS, judge, tree_state)
+    SCALING_JUDGED_ABOVE, TARGETS, judge, target_label, tree_state)
+from perf_latency import bench_first_op_, bench_waits_  # noqa: E402
 
-BENCHMARKS = ["small_ops", "scaling", "large_ops", "training", "copies", "breakdown"]
+BENCHMARKS = ["small_ops", "scaling", "large_ops", "training", "copies", "waits",
+              "first_op", "breakdown"]
 
 # The published result: refused from a dirty tree (see the docstring).
 PUBLISHED = ROOT / "bench" / "results" / "perf.json"
@@ -613,6 +620,8 @@ RUNNERS = {
     "large_ops": bench_large_ops,
     "training": bench_training,
     "copies": bench_copies_,
+    "waits": bench_waits_,
+    "first_op": bench_first_op_,
     "breakdown": bench_breakdown,
 }
 
@@ -756,7 +765,7 @@ def main(argv=None):
             "copy_rounds": args.copy_rounds,
             "quick": args.quick,
             "machine": info,
-            "targets": {k: f"{op} {b}" for k, (op, b) in TARGETS.items()},
+            "targets": {k: target_label(k) for k in TARGETS},
             "summary": summary,
             "results": results,
         }

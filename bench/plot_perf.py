@@ -148,7 +148,8 @@ def markdown(data):
             return r.get("context") and "(context)" or "(not judged)"
         return f"{target}{' met' if r.get('met') else ' **not met**'}"
 
-    for bench in ("small_ops", "scaling", "large_ops"):
+    for bench in ("small_ops", "scaling", "large_ops", "waits", "add_chain",
+                  "waits_loaded"):
         part = [r for r in rows if r["benchmark"] == bench]
         if not part:
             continue
@@ -210,6 +211,17 @@ def markdown(data):
                 print(f"| {r['case']} | {r['phantom_gb_s']:.2f} | {r['memcpy_gb_s']:.2f} | "
                       f"{r['ratio']:.2f} | {judged(r)} |")
         print()
+    part = [r for r in rows if r["benchmark"] == "first_op"]
+    if part:
+        print("| first operation, fresh process | CPU | phantom | phantom's extra | target |"
+              " imported on phantom only |")
+        print("|---|---:|---:|---:|---|---|")
+        for r in part:
+            before = " (after `import torch._dynamo` on both)" if r.get("imported_before") else ""
+            print(f"| {r['case']}{before} | {r['cpu_ms']:.1f} ms | {r['phantom_ms']:.1f} ms | "
+                  f"{r['extra_ms']:.1f} ms | {judged(r)} | "
+                  f"{', '.join(r.get('phantom_only_packages') or []) or '-'} |")
+        print()
     part = [r for r in rows if r["benchmark"] == "breakdown"]
     if part:
         print("| one torch.add, 1,000 floats | ns per op (best) |")
@@ -217,7 +229,7 @@ def markdown(data):
         for r in part:
             print(f"| {r['case'].strip()} | {r['ns_per_op']:.0f} |")
         print()
-    print("| benchmark | target | median ratio | cases met |")
+    print("| benchmark | target | median ratio (first_op: extra ms) | cases met |")
     print("|---|---|---:|---:|")
     for bench, e in data["summary"].items():
         print(f"| {bench} | {e['target']} | {e['median_ratio']:.2f} | {e['met']}/{e['total']} |")

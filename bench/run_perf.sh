@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One command for the performance suite: phantom against the CPU (small-op
-# latency, scaling, large ops, training steps, copies), then the plots.
-#   bash bench/run_perf.sh            # full run, ~5 min, writes bench/results/perf.json
+# latency, scaling, large ops, training steps, copies, waits, the first
+# operation of a process), then the plots.
+#   bash bench/run_perf.sh            # full run, ~7 min, writes bench/results/perf.json
 #   bash bench/run_perf.sh --quick    # < 1 min smoke run (results not saved)
 # The full run writes the published result, bench/results/perf.json, and
 # refuses to from a tree with uncommitted changes (--allow-dirty: write it
