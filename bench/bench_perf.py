@@ -48,7 +48,7 @@ unless --allow-dirty, which marks the commit "+dirty" (and the plots and
 tables keep the mark).
 
     python bench/bench_perf.py                  # everything, ~7 min
-    python bench/bench_perf.py --quick          # small sizes, few rounds, < 1 min
+    python bench/bench_perf.py --quick          # small sizes, few rounds, ~1.5 min
     python bench/bench_perf.py --only small_ops scaling --reps 7
     python bench/bench_perf.py --out bench/results/perf.json
 
@@ -651,7 +651,7 @@ def loop_chain(seconds):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true",
-                        help="small sizes and few rounds (< 1 min), for a smoke test")
+                        help="small sizes and few rounds (~1.5 min), for a smoke test")
     parser.add_argument("--only", nargs="+", choices=BENCHMARKS, metavar="NAME",
                         help=f"run only these benchmarks ({', '.join(BENCHMARKS)})")
     parser.add_argument("--reps", type=int, help="interleaved rounds per case, at "

@@ -3,7 +3,7 @@
 # latency, scaling, large ops, training steps, copies, waits, the first
 # operation of a process), then the plots.
 #   bash bench/run_perf.sh            # full run, ~7 min, writes bench/results/perf.json
-#   bash bench/run_perf.sh --quick    # < 1 min smoke run (results not saved)
+#   bash bench/run_perf.sh --quick    # ~1.5 min smoke run (results not saved)
 # The full run writes the published result, bench/results/perf.json, and
 # refuses to from a tree with uncommitted changes (--allow-dirty: write it
 # anyway, its commit marked +dirty).
