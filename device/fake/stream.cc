@@ -392,9 +392,12 @@ ph_status_t Stream::RunNow(Task task) {
     // sees the task, so a blocking copy after a kernel (what `.item()`
     // makes) costs one hand-off between threads instead of two.
     WaitForGeneration(Enqueued());
-    if (Refusal(true, &message) != PH_SUCCESS) {
+    // Refused as at the top: the queued work failed (sticky), or the
+    // stream is being destroyed.
+    const ph_status_t refused = Refusal(true, &message);
+    if (refused != PH_SUCCESS) {
       task.Release();
-      return StickyStatus();
+      return Fail(refused, std::move(message));
     }
     claimed = Claim(&position, /*only_when_idle=*/true);
   }
