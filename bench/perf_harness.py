@@ -92,9 +92,10 @@ def time_case(make, args, inner=None, control=False):
         # CPU arms' inputs keeps the Python thread busy for up to a second
         # (a serial torch.rand of 256 MiB), and for the next tens of ms
         # Linux may wake phantom's worker's OpenMP helper on the worker's
-        # own core while the other idles (docs/performance.md, "Measuring
-        # on a virtual machine"): the first phantom sample after a remake
-        # took 1.5x the next ones in the large ops' runs.
+        # own core while the other idles (docs/performance.md, "A busy
+        # Python thread can leave phantom's OpenMP team on one core"): the
+        # first phantom sample after a remake took 1.5x the next ones in
+        # the large ops' runs.
         for arm in arms:
             sample(arm, inner)
 
