@@ -22,26 +22,65 @@
 namespace phantom::fake {
 namespace {
 
-// A copy on two channels is cut into chunks that both threads take from a
-// shared cursor until none is left, rather than in two fixed halves: when
-// one channel runs slower (its vCPU just woke from idle, or another thread
-// shares its core) the other moves more, and the copy takes the time of
-// the two together instead of that of the slower half.
+// A copy on two channels is cut into chunks that the two threads take
+// from the two ends, the thread that executes the copy from the front and
+// the helper from the back, until they meet, rather than in two fixed
+// halves: when one channel runs slower (its vCPU just woke from idle, or
+// another thread shares its core) the other moves more, and the copy
+// takes the time of the two together instead of that of the slower half.
+// When both keep pace each channel moves the same half of the range from
+// one copy to the next, so a copy repeated over memory that fits in the
+// caches finds its half in its own core's cache, as a CPU copy_ split
+// between two OpenMP threads does; with both taking chunks from one
+// shared cursor, which chunk went to which core changed from copy to copy.
 // A copy that stays in the cache is cut finer, so that a 1 MiB copy still
 // gives each channel a few chunks to balance.
 constexpr size_t kChunkBytes = size_t{2} << 20;
 constexpr size_t kCachedChunkBytes = size_t{256} << 10;
 
-// Takes chunks of [0, size) from `next` and copies them until none is
-// left, with streaming stores when the whole copy is large
+size_t ChunkBytesFor(size_t size) {
+  return size >= kStreamingCopyBytes ? kChunkBytes : kCachedChunkBytes;
+}
+
+// The chunks of one copy not yet taken: [front, back), as chunk numbers
+// packed in one word so that a take from either end is one compare and
+// swap.
+class ChunkCursor {
+ public:
+  void Reset(size_t size) {
+    const uint64_t chunks = (size + ChunkBytesFor(size) - 1) / ChunkBytesFor(size);
+    state_.store(chunks << 32, std::memory_order_relaxed);
+  }
+  // The next chunk's number from the front or the back, or -1 if none is left.
+  int64_t Take(bool from_front) {
+    uint64_t state = state_.load(std::memory_order_relaxed);
+    for (;;) {
+      const uint64_t front = state & 0xffffffffu;
+      const uint64_t back = state >> 32;
+      if (front >= back) return -1;
+      const uint64_t next = from_front ? (back << 32) | (front + 1)
+                                       : ((back - 1) << 32) | front;
+      if (state_.compare_exchange_weak(state, next, std::memory_order_relaxed)) {
+        return static_cast<int64_t>(from_front ? front : back - 1);
+      }
+    }
+  }
+
+ private:
+  std::atomic<uint64_t> state_{0};
+};
+
+// Takes chunks of [0, size) from one end of `cursor` and copies them until
+// none is left, with streaming stores when the whole copy is large
 // (kStreamingCopyBytes; a chunk alone is always below it).
-void CopyChunks(std::atomic<size_t>& next, unsigned char* dst,
+void CopyChunks(ChunkCursor& cursor, bool from_front, unsigned char* dst,
                 const unsigned char* src, size_t size) {
   const bool streaming = size >= kStreamingCopyBytes;
-  const size_t chunk = streaming ? kChunkBytes : kCachedChunkBytes;
+  const size_t chunk = ChunkBytesFor(size);
   for (;;) {
-    const size_t offset = next.fetch_add(chunk, std::memory_order_relaxed);
-    if (offset >= size) return;
+    const int64_t taken = cursor.Take(from_front);
+    if (taken < 0) return;
+    const size_t offset = static_cast<size_t>(taken) * chunk;
     const size_t bytes = std::min(chunk, size - offset);
     if (streaming) {
       StreamingCopy(dst + offset, src + offset, bytes);
@@ -82,7 +121,7 @@ class SecondChannel {
       dst_ = static_cast<unsigned char*>(dst);
       src_ = static_cast<const unsigned char*>(src);
       size_ = size;
-      next_.store(0, std::memory_order_relaxed);
+      cursor_.Reset(size);
       const uint64_t copy = posted_.load(std::memory_order_relaxed) + 1;
       state_.store(State(copy, kPosted), std::memory_order_relaxed);
       posted_.store(copy, std::memory_order_release);
@@ -92,7 +131,7 @@ class SecondChannel {
   }
 
   // The caller's share of the copy TryStart offered.
-  void Work() { CopyChunks(next_, dst_, src_, size_); }
+  void Work() { CopyChunks(cursor_, /*from_front=*/true, dst_, src_, size_); }
 
   // Returns once every byte of the copy has arrived: at once if the helper
   // had not joined it (it is closed), else when the helper is done.
@@ -158,7 +197,7 @@ class SecondChannel {
                                           std::memory_order_acq_rel)) {
         continue;
       }
-      CopyChunks(next_, dst, src, size);
+      CopyChunks(cursor_, /*from_front=*/false, dst, src, size);
       {
         std::lock_guard<std::mutex> lock(mutex_);
         state_.store(State(served, kDone), std::memory_order_release);
@@ -174,7 +213,7 @@ class SecondChannel {
   std::condition_variable range_done_;
   std::atomic<uint64_t> posted_{0};  // copies offered
   std::atomic<uint64_t> state_{0};   // the last copy's State
-  std::atomic<size_t> next_{0};      // the next chunk's offset
+  ChunkCursor cursor_;               // the chunks not yet taken
   unsigned char* dst_ = nullptr;
   const unsigned char* src_ = nullptr;
   size_t size_ = 0;
@@ -236,8 +275,9 @@ int ChannelCopy(void* dst, const void* src, size_t size) {
   }
   SecondChannel& channel = Channel();
   if (!channel.TryStart(dst, src, size)) {
-    std::atomic<size_t> next{0};  // the same chunks, all on this thread
-    CopyChunks(next, static_cast<unsigned char*>(dst),
+    ChunkCursor alone;  // the same chunks, all on this thread
+    alone.Reset(size);
+    CopyChunks(alone, /*from_front=*/true, static_cast<unsigned char*>(dst),
                static_cast<const unsigned char*>(src), size);
     return 1;
   }

@@ -7,11 +7,13 @@
 // memmove split over two threads ran 1.4-1.7x faster than on one, 1.1-1.3x
 // at 256 MiB. So a large copy is shared by two threads: the thread that
 // executes the copy (a stream worker, or the caller of ph_memcpy) and the
-// second channel, one helper thread shared by the process. Both take 2 MiB
-// chunks from a shared cursor until none is left, so a channel that runs
-// slower (its vCPU just woke from idle) moves less instead of holding the
-// copy up; the copy returns when every chunk has arrived. If the caller
-// took every chunk before the helper woke, it does not wait for it.
+// second channel, one helper thread shared by the process. Both take
+// chunks, the executing thread from the front of the range and the helper
+// from the back, until they meet, so a channel that runs slower (its vCPU
+// just woke from idle) moves less instead of holding the copy up, and a
+// repeated copy keeps each half on one core; the copy returns when every
+// chunk has arrived. If the caller took every chunk before the helper
+// woke, it does not wait for it.
 //
 // Copies below 1 MiB stay on one thread: they take a few microseconds,
 // less than waking the helper from sleep costs on a VM (tens of
