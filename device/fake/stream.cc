@@ -3,11 +3,13 @@
 
 #include <pthread.h>
 
+#include <cstring>
 #include <string>
 #include <utility>
 
 #include "activity.h"
 #include "activity_trace.h"
+#include "copy_channels.h"
 #include "errors.h"
 #include "handle_registry.h"
 #include "spin_wait.h"
@@ -120,8 +122,17 @@ bool Stream::TakeNext(Task* task, bool* ran_inline) {
   if (slot.sequence.load(std::memory_order_acquire) == head + 1) {
     if (slot.compact) {
       *task = Task{};
+      task->kind = slot.kind;
       task->name = slot.name;
-      task->host = slot.host;
+      if (slot.kind == TaskKind::kHostFunc) {
+        task->host = slot.host;
+      } else {
+        task->copy_dst = slot.copy.dst;
+        task->copy_src = slot.copy.src;
+        task->bytes = slot.copy.bytes;
+        task->copy_kind = static_cast<ph_memcpy_kind_t>(slot.copy_kind);
+        task->fill_byte = slot.fill_byte;
+      }
     } else {
       *task = std::exchange(slot.task, Task{});
     }
@@ -195,6 +206,14 @@ void Stream::WorkerLoop() {
     }
   }
   t_current_stream = nullptr;
+}
+
+void Task::RunCopyWork() const {
+  if (kind == TaskKind::kMemset) {
+    std::memset(copy_dst, fill_byte, bytes);
+  } else {
+    ChannelCopy(copy_dst, copy_src, bytes);
+  }
 }
 
 ph_status_t RunTraced(Task& task, int device, uint64_t stream_trace_id,
@@ -324,10 +343,21 @@ bool Stream::Claim(uint64_t* position, bool only_when_idle) {
 }
 
 bool Stream::Compact(const Task& task) {
-  return task.kind == TaskKind::kHostFunc && !task.run && !task.release &&
-         !task.on_complete && !task.wait && !task.runs_when_sticky &&
-         task.correlation == 0 && task.bytes == 0 &&
-         task.copy_kind == PH_MEMCPY_HOST_TO_HOST;
+  if (task.run || task.release || task.on_complete || task.wait ||
+      task.runs_when_sticky || task.correlation != 0) {
+    return false;
+  }
+  switch (task.kind) {
+    case TaskKind::kHostFunc:
+      return task.copy_dst == nullptr && task.bytes == 0 &&
+             task.copy_kind == PH_MEMCPY_HOST_TO_HOST;
+    case TaskKind::kCopy:
+    case TaskKind::kMemset:
+      return task.copy_dst != nullptr && task.host.run == nullptr &&
+             task.host.release == nullptr;
+    default:
+      return false;
+  }
 }
 
 void Stream::Publish(uint64_t position, Task task, bool ran_inline) {
@@ -336,8 +366,15 @@ void Stream::Publish(uint64_t position, Task task, bool ran_inline) {
     // The slot is free for this lap: the common, lock-free case.
     slot.compact = Compact(task);
     if (slot.compact) {
+      slot.kind = task.kind;
       slot.name = task.name;
-      slot.host = task.host;
+      if (task.kind == TaskKind::kHostFunc) {
+        slot.host = task.host;
+      } else {
+        slot.copy = {task.copy_dst, task.copy_src, task.bytes};
+        slot.copy_kind = static_cast<uint8_t>(task.copy_kind);
+        slot.fill_byte = task.fill_byte;
+      }
     } else {
       slot.task = std::move(task);
     }

@@ -106,7 +106,13 @@ constexpr int kStreamPriorityLow = 0;    // numerically greatest
 constexpr int kStreamPriorityHigh = -1;  // numerically least
 constexpr size_t kTaskErrorBytes = 1024; // room for a task's error sentence
 
-enum class TaskKind { kHostFunc, kCopy, kMemset, kEventMarker, kEventWait };
+enum class TaskKind : uint8_t {
+  kHostFunc,
+  kCopy,
+  kMemset,
+  kEventMarker,
+  kEventWait
+};
 
 struct Task {
   TaskKind kind = TaskKind::kHostFunc;
@@ -127,6 +133,13 @@ struct Task {
   // caller's plain struct instead of being wrapped in `run` and `release`:
   // no allocation per launch. Used when `run` is empty.
   ph_host_task_t host{};
+  // Likewise a queued copy (kCopy: `bytes` from copy_src to copy_dst, both
+  // host-addressable, over the copy channels) or fill (kMemset: `bytes` of
+  // fill_byte at copy_dst) is kept as plain data. Used when `run` is empty
+  // and copy_dst is set.
+  void* copy_dst = nullptr;
+  const void* copy_src = nullptr;
+  int fill_byte = 0;
   // Called as the task counts as completed, under the stream lock (so it
   // must be quick and must not call back into the stream): an event is
   // reached exactly when the stream's query and synchronize say the marker
@@ -144,9 +157,15 @@ struct Task {
 
   ph_status_t Run(char* error, size_t error_size) {
     if (run) return run(error, error_size);
+    if (copy_dst != nullptr) {
+      RunCopyWork();
+      return PH_SUCCESS;
+    }
     return host.run != nullptr ? host.run(host.user_data, error, error_size)
                                : PH_SUCCESS;
   }
+  // The copy or fill described by copy_dst, copy_src, fill_byte and bytes.
+  void RunCopyWork() const;
   // Exactly once per task: after Run, or instead of it.
   void Release() {
     if (release) {
@@ -210,12 +229,18 @@ class Stream {
 
  private:
   // A slot's first cache line holds everything a plain host task (a
-  // queued kernel: ph_launch_host_func, untraced) needs, and such a task
-  // is stored there alone: the launch writes one line and the consumer
-  // reads it, instead of the ~200 bytes of a Task (four closures), which
-  // moved between the host's core and the worker's on every op. Other
-  // tasks (copies, fills, event markers and waits, traced work) are kept
+  // queued kernel: ph_launch_host_func) or a plain copy or fill
+  // (ph_memcpy_async, ph_memset_async) needs when untraced, and such a
+  // task is stored there alone: the launch writes one line and the
+  // consumer reads it, instead of the ~250 bytes of a Task (four
+  // closures), which moved between the host's core and the worker's on
+  // every op. Other tasks (event markers and waits, traced work) are kept
   // whole in `task`.
+  struct CompactCopy {
+    void* dst;
+    const void* src;
+    uint64_t bytes;
+  };
   struct alignas(64) Slot {
     // == position: free for that position's producer; position + 1: holds
     // its task; position + kLaunchQueueSlots: consumed, free for the next
@@ -224,10 +249,17 @@ class Stream {
     // A RunNow task that already ran on its caller: the consumer only
     // frees the slot.
     bool ran_inline = false;
-    bool compact = false;  // the task is `name` and `host` alone
+    bool compact = false;  // the task is the fields below alone
+    TaskKind kind = TaskKind::kHostFunc;
+    uint8_t copy_kind = 0;   // a ph_memcpy_kind_t
+    int32_t fill_byte = 0;
     const char* name = nullptr;
-    ph_host_task_t host{};
+    union {
+      ph_host_task_t host;  // kHostFunc
+      CompactCopy copy;     // kCopy, kMemset
+    };
     Task task;  // when not compact
+    Slot() : host{} {}
   };
   // Whether `task` is a plain host task that a slot's first line holds.
   static bool Compact(const Task& task);

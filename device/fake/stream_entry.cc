@@ -26,24 +26,24 @@
 namespace phantom::fake {
 namespace {
 
-// Queues a copy/fill task. When `blocking`, waits for that task and
-// returns the copy's outcome (or the sticky error that skipped it); a
+// Queues a copy (kind kCopy: `bytes` from `src` to `dst`) or fill (kMemset:
+// `bytes` of `fill_byte` at `dst`), both sides host-addressable. A
+// non-blocking one is plain data in its Task (no closure, no allocation:
+// it is what every copy_ launches). When `blocking`, waits for that task
+// and returns the copy's outcome (or the sticky error that skipped it); a
 // blocking copy on an idle stream runs on the caller (Stream::RunNow), as
 // ph_run_host_func does, which spares two thread hand-offs per copy.
 ph_status_t QueueCopy(Stream& stream, TaskKind kind, const char* name,
-                      std::function<void()> body, bool blocking, size_t bytes,
-                      ph_memcpy_kind_t copy_kind) {
-  auto ran = std::make_shared<bool>(false);
+                      void* dst, const void* src, int fill_byte, size_t bytes,
+                      ph_memcpy_kind_t copy_kind, bool blocking) {
   Task task;
   task.kind = kind;
   task.name = name;
   task.bytes = bytes;
   task.copy_kind = copy_kind;
-  task.run = [body = std::move(body), ran](char*, size_t) {
-    body();
-    *ran = true;
-    return PH_SUCCESS;
-  };
+  task.copy_dst = dst;
+  task.copy_src = src;
+  task.fill_byte = fill_byte;
   if (!blocking) {
     if (CaptureActive()) {  // recorded into the stream's graph instead
       bool recorded = false;
@@ -58,11 +58,16 @@ ph_status_t QueueCopy(Stream& stream, TaskKind kind, const char* name,
         stream, "ph_memcpy_async with pageable host memory (a blocking copy)");
     if (refused != PH_SUCCESS) return refused;
   }
+  auto ran = std::make_shared<bool>(false);
+  task.run = [work = task, ran](char*, size_t) {
+    work.RunCopyWork();
+    *ran = true;
+    return PH_SUCCESS;
+  };
   const ph_status_t status = stream.RunNow(std::move(task));
   if (*ran) return PH_SUCCESS;  // the worker's write happens-before its count
   return status;
 }
-
 
 // ph_launch_host_func and ph_run_host_func: validate the task, wrap it, and
 // hand it to `submit` (which owns it from then on). hal.h promises
@@ -344,10 +349,8 @@ ph_status_t ph_memcpy_async(void* dst, const void* src, size_t size,
       return WaitsForItself("ph_memcpy_async with pageable host memory",
                             "the stream it copies on");
     }
-    return QueueCopy(
-        *stream, TaskKind::kCopy, "ph_memcpy_async",
-        [plan] { ChannelCopy(plan.dst, plan.src, plan.size); },
-        plan.pageable_host, size, kind);
+    return QueueCopy(*stream, TaskKind::kCopy, "ph_memcpy_async", plan.dst,
+                     plan.src, 0, plan.size, kind, plan.pageable_host);
   });
 }
 
@@ -364,10 +367,8 @@ ph_status_t ph_memset_async(void* dst, int value, size_t size,
     status = PlanFill("ph_memset_async", dst, size, &view);
     if (status != PH_SUCCESS) return status;
     const int byte = value & 0xff;
-    return QueueCopy(
-        *stream, TaskKind::kMemset, "ph_memset_async",
-        [view, byte, size] { std::memset(view, byte, size); }, false, size,
-        PH_MEMCPY_HOST_TO_HOST);
+    return QueueCopy(*stream, TaskKind::kMemset, "ph_memset_async", view,
+                     nullptr, byte, size, PH_MEMCPY_HOST_TO_HOST, false);
   });
 }
 
