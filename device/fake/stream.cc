@@ -208,11 +208,12 @@ void Stream::WorkerLoop() {
   t_current_stream = nullptr;
 }
 
-void Task::RunCopyWork() const {
+void RunCopyWork(TaskKind kind, void* dst, const void* src, int fill_byte,
+                 uint64_t bytes) {
   if (kind == TaskKind::kMemset) {
-    std::memset(copy_dst, fill_byte, bytes);
+    std::memset(dst, fill_byte, bytes);
   } else {
-    ChannelCopy(copy_dst, copy_src, bytes);
+    ChannelCopy(dst, src, bytes);
   }
 }
 

@@ -114,6 +114,11 @@ enum class TaskKind : uint8_t {
   kEventWait
 };
 
+// A queued copy or fill: `bytes` from `src` to `dst` over the copy
+// channels (kind kCopy), or `bytes` of `fill_byte` at `dst` (kMemset).
+void RunCopyWork(TaskKind kind, void* dst, const void* src, int fill_byte,
+                 uint64_t bytes);
+
 struct Task {
   TaskKind kind = TaskKind::kHostFunc;
   const char* name = "(unnamed)";  // static string
@@ -158,14 +163,12 @@ struct Task {
   ph_status_t Run(char* error, size_t error_size) {
     if (run) return run(error, error_size);
     if (copy_dst != nullptr) {
-      RunCopyWork();
+      RunCopyWork(kind, copy_dst, copy_src, fill_byte, bytes);
       return PH_SUCCESS;
     }
     return host.run != nullptr ? host.run(host.user_data, error, error_size)
                                : PH_SUCCESS;
   }
-  // The copy or fill described by copy_dst, copy_src, fill_byte and bytes.
-  void RunCopyWork() const;
   // Exactly once per task: after Run, or instead of it.
   void Release() {
     if (release) {

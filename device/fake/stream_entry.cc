@@ -58,9 +58,10 @@ ph_status_t QueueCopy(Stream& stream, TaskKind kind, const char* name,
         stream, "ph_memcpy_async with pageable host memory (a blocking copy)");
     if (refused != PH_SUCCESS) return refused;
   }
+  // The closure also notes that the copy ran, for the outcome below.
   auto ran = std::make_shared<bool>(false);
-  task.run = [work = task, ran](char*, size_t) {
-    work.RunCopyWork();
+  task.run = [ran, kind, dst, src, fill_byte, bytes](char*, size_t) {
+    RunCopyWork(kind, dst, src, fill_byte, bytes);
     *ran = true;
     return PH_SUCCESS;
   };
