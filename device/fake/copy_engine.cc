@@ -46,7 +46,8 @@ ph_status_t CheckDeviceSide(const CopySide& side, const void* pointer,
   }
   if (size > info.size || start - info.base > info.size - size) {
     return Fail(PH_ERROR_INVALID_ARGUMENT,
-                side.Name() + " range of " + std::to_string(size) + " bytes at " +
+                side.Name() + " range of " + std::to_string(size) +
+                    " bytes at " +
                     Describe(pointer) +
                     " runs past the end of its allocation of " +
                     std::to_string(info.size) + " bytes on phantom device " +
@@ -86,7 +87,8 @@ ph_status_t CheckHostSide(const CopySide& side, const void* pointer,
   }
   if (size > block_size || start - base > block_size - size) {
     return Fail(PH_ERROR_INVALID_ARGUMENT,
-                side.Name() + " range of " + std::to_string(size) + " bytes at " +
+                side.Name() + " range of " + std::to_string(size) +
+                    " bytes at " +
                     Describe(pointer) +
                     " runs past the end of its pinned block of " +
                     std::to_string(block_size) + " bytes");
@@ -107,7 +109,8 @@ ph_status_t PlanCopy(const char* function, void* dst, const void* src,
   }
   if (dst == nullptr || src == nullptr) {
     return Fail(PH_ERROR_INVALID_ARGUMENT,
-                std::string(function) + ": null " + (dst == nullptr ? "destination" : "source") +
+                std::string(function) + ": null " +
+                    (dst == nullptr ? "destination" : "source") +
                     " for a copy of " + std::to_string(size) + " bytes");
   }
   const bool dst_device =
@@ -124,7 +127,8 @@ ph_status_t PlanCopy(const char* function, void* dst, const void* src,
     plan.src = view;
   } else {
     void* address = nullptr;
-    status = CheckHostSide({function, "source"}, src, size, &pageable, &address);
+    status =
+        CheckHostSide({function, "source"}, src, size, &pageable, &address);
     plan.src = address;
     plan.pageable_host = pageable;
   }

@@ -1,6 +1,7 @@
 // Tests of the fake driver's work machinery, below what hal.h promises:
 // waited work run on the caller, queued work run by a waiting host
-// thread, the launch queue's overflow, the copy
+// thread, the launch queue's overflow (copies and fills queued as plain
+// data among kernels), copy validation's messages, the copy
 // channels, the activity meters, process exit with live streams, and how a
 // failure travels along events (its messages, and random graphs run from
 // several threads, which the TSan build checks for races). Links the
@@ -270,6 +271,55 @@ TEST(LaunchQueue, CopiesFillsAndKernelsQueuedTogetherRunInOrder) {
   }
   EXPECT_EQ(ph_free(device), PH_SUCCESS);
   EXPECT_EQ(ph_host_free(host), PH_SUCCESS);
+  EXPECT_EQ(ph_stream_destroy(stream), PH_SUCCESS);
+}
+
+// A refused copy or fill says which call and which side was wrong. The
+// fake spells these messages out only when a check fails (a copy that
+// passes builds no string), so each message is checked whole here.
+TEST(CopyValidation, ARefusalNamesTheCallTheSideAndTheRange) {
+  ph_stream_t stream = nullptr;
+  ASSERT_PH_OK(ph_stream_create(0, 0, &stream));
+  void* device = nullptr;
+  ASSERT_PH_OK(ph_malloc(0, 1024, &device));
+  std::vector<char> host(16);
+  const auto message = [] { return std::string(ph_last_error_message()); };
+
+  EXPECT_EQ(ph_memcpy_async(host.data(), host.data(), 16,
+                            PH_MEMCPY_DEVICE_TO_HOST, stream),
+            PH_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(message().find("ph_memcpy_async: source "), 0u) << message();
+  EXPECT_NE(message().find("is not device memory, but the copy kind says it "
+                           "is"),
+            std::string::npos)
+      << message();
+
+  EXPECT_EQ(ph_memcpy_async(device, device, 16, PH_MEMCPY_DEVICE_TO_HOST,
+                            stream),
+            PH_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(message().find("ph_memcpy_async: destination "), 0u) << message();
+  EXPECT_NE(message().find("is memory of phantom device 0, but the copy kind "
+                           "says it is host memory"),
+            std::string::npos)
+      << message();
+
+  EXPECT_EQ(ph_memset_async(device, 0, 2048, stream),
+            PH_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(message().find("ph_memset_async: destination range of 2048 "
+                           "bytes at "),
+            0u)
+      << message();
+  EXPECT_NE(message().find("runs past the end of its allocation of 1024 "
+                           "bytes on phantom device 0"),
+            std::string::npos)
+      << message();
+
+  EXPECT_EQ(ph_memcpy(nullptr, device, 16, PH_MEMCPY_DEVICE_TO_HOST),
+            PH_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(message(), "ph_memcpy: null destination for a copy of 16 bytes");
+
+  ASSERT_PH_OK(ph_stream_synchronize(stream));
+  EXPECT_EQ(ph_free(device), PH_SUCCESS);
   EXPECT_EQ(ph_stream_destroy(stream), PH_SUCCESS);
 }
 
