@@ -251,26 +251,20 @@ at::Tensor copyFrom(const at::Tensor& src, const at::Tensor& dst,
               ": phantom copies to and from the CPU and phantom devices only");
   if (isPhantom(src)) checkInsideStorage(src, "a copy (copy_, to, cpu)");
   if (isPhantom(dst)) checkInsideStorage(dst, "a copy (copy_, to, cpu)");
-  // Broadcasting makes a view (and a copy of src a reference count, which
-  // for a tensor Python holds takes the GIL); a copy between equal shapes,
-  // nearly every one, goes without either.
-  const bool same_sizes = src.sizes() == dst.sizes();
+  // src broadcast to dst's shape. Broadcasting makes a view (and a copy of
+  // src a reference count, which for a tensor Python holds takes the GIL);
+  // a copy between equal shapes, nearly every one, binds src itself.
+  at::Tensor expanded;
+  const at::Tensor& broadcast =
+      src.sizes() == dst.sizes() ? src : (expanded = src.expand_as(dst));
   if (!isPhantom(src)) {
-    if (same_sizes) {
-      copyHostToDevice(src, dst, non_blocking);
-    } else {
-      copyHostToDevice(src.expand_as(dst), dst, non_blocking);
-    }
+    copyHostToDevice(broadcast, dst, non_blocking);
   } else if (!isPhantom(dst)) {
     copyDeviceToHost(src, dst, non_blocking);
   } else if (src.device() == dst.device()) {
     copyOnDevice(src, dst);
   } else {
-    if (same_sizes) {
-      copyAcrossDevices(src, dst);
-    } else {
-      copyAcrossDevices(src.expand_as(dst), dst);
-    }
+    copyAcrossDevices(broadcast, dst);
   }
   return dst;
 }

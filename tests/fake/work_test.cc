@@ -284,35 +284,30 @@ TEST(CopyValidation, ARefusalNamesTheCallTheSideAndTheRange) {
   ASSERT_PH_OK(ph_malloc(0, 1024, &device));
   std::vector<char> host(16);
   const auto message = [] { return std::string(ph_last_error_message()); };
+  // The last error starts with `start` and then says `why`.
+  const auto expect_message = [&](const char* start, const char* why) {
+    EXPECT_EQ(message().find(start), 0u) << message();
+    EXPECT_NE(message().find(why), std::string::npos) << message();
+  };
 
   EXPECT_EQ(ph_memcpy_async(host.data(), host.data(), 16,
                             PH_MEMCPY_DEVICE_TO_HOST, stream),
             PH_ERROR_INVALID_ARGUMENT);
-  EXPECT_EQ(message().find("ph_memcpy_async: source "), 0u) << message();
-  EXPECT_NE(message().find("is not device memory, but the copy kind says it "
-                           "is"),
-            std::string::npos)
-      << message();
+  expect_message("ph_memcpy_async: source ",
+                 "is not device memory, but the copy kind says it is");
 
   EXPECT_EQ(ph_memcpy_async(device, device, 16, PH_MEMCPY_DEVICE_TO_HOST,
                             stream),
             PH_ERROR_INVALID_ARGUMENT);
-  EXPECT_EQ(message().find("ph_memcpy_async: destination "), 0u) << message();
-  EXPECT_NE(message().find("is memory of phantom device 0, but the copy kind "
-                           "says it is host memory"),
-            std::string::npos)
-      << message();
+  expect_message("ph_memcpy_async: destination ",
+                 "is memory of phantom device 0, but the copy kind says it "
+                 "is host memory");
 
   EXPECT_EQ(ph_memset_async(device, 0, 2048, stream),
             PH_ERROR_INVALID_ARGUMENT);
-  EXPECT_EQ(message().find("ph_memset_async: destination range of 2048 "
-                           "bytes at "),
-            0u)
-      << message();
-  EXPECT_NE(message().find("runs past the end of its allocation of 1024 "
-                           "bytes on phantom device 0"),
-            std::string::npos)
-      << message();
+  expect_message("ph_memset_async: destination range of 2048 bytes at ",
+                 "runs past the end of its allocation of 1024 bytes on "
+                 "phantom device 0");
 
   EXPECT_EQ(ph_memcpy(nullptr, device, 16, PH_MEMCPY_DEVICE_TO_HOST),
             PH_ERROR_INVALID_ARGUMENT);
