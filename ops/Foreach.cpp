@@ -169,8 +169,8 @@ bool queueForeach(NativeOpCounter& counter, CpuAdmission& admission,
   }
   launchAsync(getCurrentPhantomStream(device.index()), counter.op(),
               [refs = std::move(refs), kernel = std::move(kernel)] {
-                KernelAliases aliases;
-                Lists cpu(refs.size());
+                PooledAliases aliases;
+                Lists cpu(refs.size());  // dropped before `aliases`
                 for (size_t k = 0; k < refs.size(); ++k) {
                   cpu[k].reserve(refs[k].size());
                   for (const DeviceTensorRef& ref : refs[k]) {

@@ -164,7 +164,7 @@ at::Tensor& fillScalar(at::Tensor& self, const at::Scalar& value) {
   }
   launchAsync(getCurrentPhantomStream(self.device().index()), "aten::fill_",
               [target = DeviceTensorRef(self), value] {
-                KernelAliases aliases;
+                PooledAliases aliases;
                 aliases.alias(target).fill_(value);
               });
   return self;

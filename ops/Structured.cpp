@@ -673,7 +673,7 @@ T cat(const at::ITensorListRef& tensors, int64_t dim) {
   }
   launchAsync(getCurrentPhantomStream(device->index()), cat_native.counter.op(),
               [out_ref = DeviceTensorRef(out), refs = std::move(refs), dim] {
-                KernelAliases aliases;
+                PooledAliases aliases;
                 std::vector<at::Tensor> in;
                 in.reserve(refs.size());
                 for (const DeviceTensorRef& ref : refs) {

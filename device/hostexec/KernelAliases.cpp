@@ -197,6 +197,98 @@ at::Tensor phantomViewLike(const c10::Storage& storage, const at::Tensor& cpu) {
   return view;
 }
 
+namespace {
+
+// This thread's aliases that no kernel holds, to be pointed at the next
+// kernel's memory (PooledAliases).
+std::vector<at::Tensor>& aliasPool() {
+  thread_local std::vector<at::Tensor> pool;
+  return pool;
+}
+
+// Whether a lent alias can go back to the pool: nothing else holds it or
+// its storage, and a kernel left nothing on it that re-pointing would not
+// reset (autograd or a Python object).
+bool reusableAlias(const at::Tensor& cpu) {
+  const c10::TensorImpl* impl = cpu.unsafeGetTensorImpl();
+  return cpu.use_count() == 1 && cpu.weak_use_count() == 1 &&
+         impl->autograd_meta() == nullptr && !impl->is_wrapped_number() &&
+         impl->has_storage() && !impl->pyobj_slot()->load_pyobj();
+}
+
+}  // namespace
+
+PooledAliases::~PooledAliases() {
+  std::vector<at::Tensor>& pool = aliasPool();
+  storages_.clear();  // a lent alias may now be its storage's only holder
+  for (at::Tensor& cpu : lent_) {
+    if (pool.size() < kPoolSize && reusableAlias(cpu)) {
+      pool.push_back(std::move(cpu));
+    }
+  }
+}
+
+size_t PooledAliases::pooled() { return aliasPool().size(); }
+
+c10::Storage PooledAliases::storageFor(const DeviceTensorRef& ref,
+                                       const c10::Storage* reusable) {
+  if (ref.storage_data != nullptr) {
+    for (const auto& [device_address, storage] : storages_) {
+      if (device_address == ref.storage_data) {
+        return storage;
+      }
+    }
+  }
+  void* kernel_address = nullptr;
+  if (ref.storage_data != nullptr) {
+    PHANTOM_CHECK(ph_kernel_address(ref.storage_data, &kernel_address));
+  }
+  c10::DataPtr view(kernel_address, c10::Device(c10::kCPU));
+  c10::Storage storage;
+  if (reusable != nullptr) {
+    storage = *reusable;
+    storage.set_data_ptr_noswap(std::move(view));  // frees what a kernel grew
+    storage.set_nbytes(ref.storage_nbytes);
+  } else {
+    storage = c10::Storage(c10::Storage::use_byte_size_t(), ref.storage_nbytes,
+                           std::move(view), c10::GetCPUAllocator(),
+                           /*resizable=*/true);
+  }
+  if (ref.storage_data != nullptr) {
+    storages_.emplace_back(ref.storage_data, storage);
+  }
+  return storage;
+}
+
+at::Tensor PooledAliases::alias(const DeviceTensorRef& ref) {
+  std::vector<at::Tensor>& pool = aliasPool();
+  at::Tensor cpu;
+  const c10::Storage* reusable = nullptr;
+  if (!pool.empty()) {
+    cpu = std::move(pool.back());
+    pool.pop_back();
+    const c10::Storage& own = cpu.unsafeGetTensorImpl()->unsafe_storage();
+    // Its storage is re-pointed only if no other alias shares it.
+    if (own.use_count() == 1 && own.allocator() == c10::GetCPUAllocator() &&
+        own.resizable()) {
+      reusable = &own;
+    }
+  }
+  c10::Storage storage = storageFor(ref, reusable);
+  if (cpu.defined()) {
+    cpu.unsafeGetTensorImpl()->set_storage_and_dtype(std::move(storage), ref.dtype);
+  } else {
+    cpu = at::detail::make_tensor<c10::TensorImpl>(
+        std::move(storage), c10::DispatchKeySet(c10::DispatchKey::CPU), ref.dtype);
+  }
+  c10::TensorImpl* impl = cpu.unsafeGetTensorImpl();
+  impl->set_sizes_and_strides(ref.sizes, ref.strides, ref.storage_offset);
+  impl->_set_conj(ref.is_conj);
+  impl->_set_neg(ref.is_neg);
+  lent_.push_back(cpu);
+  return cpu;
+}
+
 NodeAliases NodeAliases::forStream(const PhantomStream& stream) {
   NodeAliases aliases;
   // One relaxed load when no capture is underway (every eager op).

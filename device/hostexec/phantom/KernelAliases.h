@@ -101,6 +101,49 @@ class KernelAliases {
   std::unordered_map<const c10::StorageImpl*, const Entry*> by_cpu_;
 };
 
+// CPU aliases of device tensors for one run of a queued kernel, made from
+// alias tensors this thread has made before.
+//
+// A queued kernel's aliases live only while it runs, and a fresh alias is
+// two heap objects (a TensorImpl and a StorageImpl) made on the worker and
+// freed there after a few microseconds of arithmetic. For a small kernel
+// that costs about what its arithmetic does. So each thread that runs
+// kernels keeps the aliases its kernels have dropped (up to kPoolSize) and
+// points them at the next kernel's memory: storage address and size,
+// dtype, sizes, strides, offset, conjugate and negative bits, everything an
+// alias is. An alias goes back to the pool only when nothing but the pool
+// holds it (a kernel that kept a reference keeps it to itself) and it is
+// still a plain CPU tensor. As with KernelAliases, refs of one device
+// storage share one CPU storage (the CPU kernels' overlap checks see the
+// aliasing), and a storage without memory is a storage of its own. Only
+// for refs: the generic path, which maps results back to device tensors,
+// uses KernelAliases.
+class PooledAliases {
+ public:
+  PooledAliases() = default;
+  PooledAliases(const PooledAliases&) = delete;
+  PooledAliases& operator=(const PooledAliases&) = delete;
+  // Returns the aliases it lent that nobody else holds to this thread's
+  // pool. Drop the tensors alias() returned before this runs.
+  ~PooledAliases();
+
+  at::Tensor alias(const DeviceTensorRef& ref);
+
+  // How many aliases the calling thread keeps for reuse; at most kPoolSize.
+  static size_t pooled();
+  static constexpr size_t kPoolSize = 64;
+
+ private:
+  // The CPU storage aliasing `ref`'s device storage in this run: one this
+  // run already made for that storage, else `reusable` (a pooled alias's
+  // storage that no other alias shares) re-pointed, else a new one.
+  c10::Storage storageFor(const DeviceTensorRef& ref,
+                          const c10::Storage* reusable);
+
+  c10::SmallVector<at::Tensor, 8> lent_;
+  c10::SmallVector<std::pair<void*, c10::Storage>, 8> storages_;
+};
+
 // The CPU aliases of a queued kernel's tensors, kept from one run to the
 // next when the kernel is a graph node.
 //
@@ -136,7 +179,11 @@ class NodeAliases {
       kernel(c10::ArrayRef<at::Tensor>(kept_->current(refs)));
       return;
     }
-    const c10::SmallVector<at::Tensor, 6> local = build(refs);
+    PooledAliases pooled;
+    c10::SmallVector<at::Tensor, 6> local;  // dropped before `pooled`
+    for (const DeviceTensorRef* ref : refs) {
+      local.push_back(pooled.alias(*ref));
+    }
     kernel(c10::ArrayRef<at::Tensor>(local));
   }
 
