@@ -158,15 +158,16 @@ bool sameView(const at::Tensor& a, const at::Tensor& b) {
 // the result's shape and dtype, dense, and shares memory with an input only
 // if it is that very view (x.add_(y), x.mul_(x)).
 bool writable(const at::Tensor& out, c10::Device device, c10::ScalarType dtype,
-              c10::IntArrayRef shape, std::initializer_list<at::Tensor> inputs) {
+              c10::IntArrayRef shape,
+              std::initializer_list<const at::Tensor*> inputs) {
   if (out.device() != device || out.scalar_type() != dtype ||
       out.sizes() != shape || !out.is_contiguous() || out.is_conj() ||
       out.is_neg()) {
     return false;
   }
-  for (const at::Tensor& input : inputs) {
-    if (input.device() == device &&
-        input.storage().is_alias_of(out.storage()) && !sameView(input, out)) {
+  for (const at::Tensor* input : inputs) {
+    if (input->device() == device &&
+        input->storage().is_alias_of(out.storage()) && !sameView(*input, out)) {
       return false;
     }
   }
@@ -174,10 +175,13 @@ bool writable(const at::Tensor& out, c10::Device device, c10::ScalarType dtype,
 }
 
 // The device the op runs on: the first phantom input's. None: not ours.
-std::optional<c10::Device> deviceOf(std::initializer_list<at::Tensor> inputs) {
-  for (const at::Tensor& t : inputs) {
-    if (t.defined() && t.device().type() == c10::DeviceType::PrivateUse1) {
-      return t.device();
+// The helpers here take tensors by pointer, never by value: a second
+// reference to a tensor Python owns makes torch take the GIL to add it
+// (TensorImpl::incref_pyobject) and again to drop it.
+std::optional<c10::Device> deviceOf(std::initializer_list<const at::Tensor*> inputs) {
+  for (const at::Tensor* t : inputs) {
+    if (t->defined() && t->device().type() == c10::DeviceType::PrivateUse1) {
+      return t->device();
     }
   }
   return std::nullopt;
@@ -440,36 +444,36 @@ bool binaryAdmittedByCpu(Binary op, Form form, const at::Tensor& self,
 }
 
 // Tries the native path for out = op(self, other, alpha); `out` undefined
-// means a fresh output. Returns the output, or undefined to decline.
-at::Tensor tryBinary(Binary op, const at::Tensor& self, const at::Tensor& other,
-                     const at::Scalar& alpha, const at::Tensor& out,
-                     bool in_place) {
-  const std::optional<c10::Device> device = deviceOf({self, other});
+// means a fresh output, returned in `*fresh`. False: declined.
+bool tryBinary(Binary op, const at::Tensor& self, const at::Tensor& other,
+               const at::Scalar& alpha, const at::Tensor& out, bool in_place,
+               at::Tensor* fresh = nullptr) {
+  const std::optional<c10::Device> device = deviceOf({&self, &other});
   if (!device) {
-    return {};
+    return false;
   }
   std::optional<Input> a = Input::from(self, *device);
   std::optional<Input> b = Input::from(other, *device);
   if (!a || !b || (in_place && self.device() != *device)) {
-    return {};
+    return false;
   }
   const std::optional<ResultMeta> meta = resultOf(self, &other);
   if (!meta) {
-    return {};
+    return false;
   }
   // add and sub refuse a boolean or complex alpha for a floating result:
   // the generic path raises that at the call.
   if (alpha.isBoolean() || alpha.isComplex()) {
-    return {};
+    return false;
   }
   if (out.defined()) {
-    if (!writable(out, *device, meta->dtype, meta->shape, {self, other})) {
-      return {};
+    if (!writable(out, *device, meta->dtype, meta->shape, {&self, &other})) {
+      return false;
     }
   } else {
     for (const at::Tensor* t : {&self, &other}) {
       if (t->dim() != 0 && !t->is_contiguous()) {
-        return {};  // the CPU would give the output the inputs' layout
+        return false;  // the CPU would give the output the inputs' layout
       }
     }
   }
@@ -484,15 +488,16 @@ at::Tensor tryBinary(Binary op, const at::Tensor& self, const at::Tensor& other,
                          at::TensorOptions(dtype));
       });
   if (!admitted) {
-    return {};
+    return false;
   }
   const c10::DeviceGuard guard(*device);
-  at::Tensor result =
-      out.defined() ? out
-                    : at::empty(meta->shape,
-                                at::TensorOptions(meta->dtype).device(*device));
-  queueBinary(op, result, std::move(*a), std::move(*b), alpha, *device);
-  return result;
+  if (out.defined()) {
+    queueBinary(op, out, std::move(*a), std::move(*b), alpha, *device);
+  } else {
+    *fresh = at::empty(meta->shape, at::TensorOptions(meta->dtype).device(*device));
+    queueBinary(op, *fresh, std::move(*a), std::move(*b), alpha, *device);
+  }
+  return true;
 }
 
 // One native-call counter per op form, for the ops report.
@@ -532,7 +537,7 @@ at::Tensor metaResult(Binary op, const at::Tensor& a, const at::Tensor& b,
 // declined (arguments the meta function refuses, other devices).
 at::Tensor tryBinaryByMeta(Binary op, const at::Tensor& self,
                            const at::Tensor& other, const at::Scalar& alpha) {
-  const std::optional<c10::Device> device = deviceOf({self, other});
+  const std::optional<c10::Device> device = deviceOf({&self, &other});
   if (!device) {
     return {};
   }
@@ -572,8 +577,8 @@ at::Tensor tryBinaryByMeta(Binary op, const at::Tensor& self,
 template <Binary Op>
 at::Tensor functional(const at::Tensor& self, const at::Tensor& other,
                       const at::Scalar& alpha) {
-  at::Tensor result = tryBinary(Op, self, other, alpha, {}, false);
-  if (!result.defined()) {
+  at::Tensor result;
+  if (!tryBinary(Op, self, other, alpha, {}, false, &result)) {
     result = tryBinaryByMeta(Op, self, other, alpha);
   }
   if (result.defined()) {
@@ -590,7 +595,7 @@ at::Tensor functional(const at::Tensor& self, const at::Tensor& other,
 template <Binary Op>
 at::Tensor& inPlace(at::Tensor& self, const at::Tensor& other,
                     const at::Scalar& alpha) {
-  if (tryBinary(Op, self, other, alpha, self, true).defined()) {
+  if (tryBinary(Op, self, other, alpha, self, true)) {
     counterFor(Op).count();
     return self;
   }
@@ -605,7 +610,7 @@ at::Tensor& inPlace(at::Tensor& self, const at::Tensor& other,
 template <Binary Op>
 at::Tensor& outForm(const at::Tensor& self, const at::Tensor& other,
                     const at::Scalar& alpha, at::Tensor& out) {
-  if (tryBinary(Op, self, other, alpha, out, false).defined()) {
+  if (tryBinary(Op, self, other, alpha, out, false)) {
     counterFor(Op).count();
     return out;
   }

@@ -186,22 +186,25 @@ bool admittedByCpu(NativeOp& native, CallSignature& signature,
                    const std::array<const at::Tensor*, N>& tensors,
                    at::ArrayRef<at::Scalar> scalars, const Meta& meta,
                    const Kernel& kernel) {
-  std::array<at::Tensor, N> given;
-  for (size_t i = 0; i < N; ++i) {
-    given[i] = *tensors[i];
-    signature.tensor(given[i]);
+  // No copies of the caller's tensors: a second reference to a tensor
+  // Python owns makes torch take the GIL (TensorImpl::incref_pyobject),
+  // and again to drop it.
+  for (const at::Tensor* t : tensors) {
+    signature.tensor(*t);
   }
   for (const at::Scalar& scalar : scalars) {
     signature.scalarKind(scalar);
   }
-  if (!scalarsFit(scalars, given)) {
-    return false;
+  for (const at::Tensor* t : tensors) {
+    if (t->defined() && !scalarsFit(scalars, {t->scalar_type()})) {
+      return false;
+    }
   }
   return native.admission.admits(signature, [&] {
     std::array<at::Tensor, N> host;
     std::array<at::Tensor, N> metas;
     for (size_t i = 0; i < N; ++i) {
-      host[i] = probeTensor(given[i]);
+      host[i] = probeTensor(*tensors[i]);
       metas[i] = metaLike(host[i]);
     }
     const at::Tensor out_meta = meta(metas);
