@@ -16,7 +16,7 @@ A last part, "breakdown", times the layers of one small op on phantom
 (torch.add on 1,000 floats: CPU op, Meta kernel, allocation, idle sync,
 host side only, queue drain, round trip, PHANTOM_SYNC_GENERIC=1 in a child
 process), best of R samples in ns per op; docs/performance.md uses it with
-a perf profile for "Where the time goes".
+a perf profile for docs/op-costs.md.
 
 Fair arms. Each benchmark judges phantom against the CPU at its best on
 this machine, or with both arms given the same advantage, and keeps the

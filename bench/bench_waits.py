@@ -20,7 +20,7 @@ little else:
                   a few norms compared on the host per iteration.
   add chain       2,000 dependent `y = y + 1.0` on 1,000 elements, then one
                   synchronize: no wait inside, the cost of a queued small
-                  op (docs/performance.md, "A queued small op").
+                  op (docs/op-costs.md, "A queued small op").
 
 Both devices run the same code in one process, timed by perf_harness's
 time_case in interleaved rounds (the order of the arms alternates, medians,
