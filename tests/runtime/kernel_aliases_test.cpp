@@ -43,7 +43,8 @@ void expectAliases(const at::Tensor& cpu, const at::Tensor& device) {
 }
 
 TEST(PooledAliases, ARunReusesTheAliasesOfTheRunBeforeOnItsThread) {
-  const auto stream = phantom::getStreamFromPool(false, 0);
+  // The current stream: the device tensors were made on it, in stream order.
+  const auto stream = phantom::getCurrentPhantomStream(0);
   const at::Tensor a = at::arange(12, at::TensorOptions(at::kFloat).device(kPhantom0));
   const at::Tensor b = at::zeros({3, 5}, at::TensorOptions(at::kDouble).device(kPhantom0));
   const phantom::DeviceTensorRef ref_a(a);
@@ -70,7 +71,8 @@ TEST(PooledAliases, ARunReusesTheAliasesOfTheRunBeforeOnItsThread) {
 }
 
 TEST(PooledAliases, ReusedAliasesTakeTheNewGeometryBitsAndMemory) {
-  const auto stream = phantom::getStreamFromPool(false, 0);
+  // The current stream: the device tensors were made on it, in stream order.
+  const auto stream = phantom::getCurrentPhantomStream(0);
   const at::Tensor base = at::randn({4, 6}, at::TensorOptions(at::kComplexFloat).device(kPhantom0));
   // A strided, offset, conjugated view, and a negated one.
   const at::Tensor view = base.slice(1, 1, 5, 2).t().conj();
@@ -87,7 +89,8 @@ TEST(PooledAliases, ReusedAliasesTakeTheNewGeometryBitsAndMemory) {
 }
 
 TEST(PooledAliases, RefsOfOneStorageShareOneCpuStorageWithinARun) {
-  const auto stream = phantom::getStreamFromPool(false, 0);
+  // The current stream: the device tensors were made on it, in stream order.
+  const auto stream = phantom::getCurrentPhantomStream(0);
   const at::Tensor x = at::arange(10, at::TensorOptions(at::kFloat).device(kPhantom0));
   const at::Tensor y = at::arange(10, at::TensorOptions(at::kFloat).device(kPhantom0));
   const at::Tensor empty1 = at::empty({0}, at::TensorOptions(at::kFloat).device(kPhantom0));
@@ -112,7 +115,8 @@ TEST(PooledAliases, RefsOfOneStorageShareOneCpuStorageWithinARun) {
 }
 
 TEST(PooledAliases, AnAliasSomeoneStillHoldsIsNotReused) {
-  const auto stream = phantom::getStreamFromPool(false, 0);
+  // The current stream: the device tensors were made on it, in stream order.
+  const auto stream = phantom::getCurrentPhantomStream(0);
   const at::Tensor a = at::arange(8, at::TensorOptions(at::kFloat).device(kPhantom0));
   const at::Tensor b = at::arange(8, at::TensorOptions(at::kFloat).device(kPhantom0)) + 100;
   at::Tensor kept;
@@ -133,7 +137,8 @@ TEST(PooledAliases, AnAliasSomeoneStillHoldsIsNotReused) {
 }
 
 TEST(PooledAliases, AStorageAKernelGrewIsPointedBackAtDeviceMemory) {
-  const auto stream = phantom::getStreamFromPool(false, 0);
+  // The current stream: the device tensors were made on it, in stream order.
+  const auto stream = phantom::getCurrentPhantomStream(0);
   const at::Tensor out = at::zeros({4}, at::TensorOptions(at::kFloat).device(kPhantom0));
   const at::Tensor next = at::zeros({16}, at::TensorOptions(at::kFloat).device(kPhantom0));
   phantom::launchAndWait(stream, "resizes its out", [&] {
@@ -153,7 +158,8 @@ TEST(PooledAliases, AStorageAKernelGrewIsPointedBackAtDeviceMemory) {
 }
 
 TEST(PooledAliases, ThePoolKeepsAtMostItsSize) {
-  const auto stream = phantom::getStreamFromPool(false, 0);
+  // The current stream: the device tensors were made on it, in stream order.
+  const auto stream = phantom::getCurrentPhantomStream(0);
   const at::Tensor t = at::zeros({2}, at::TensorOptions(at::kFloat).device(kPhantom0));
   const size_t many = phantom::PooledAliases::kPoolSize + 10;
   size_t pooled_after = 0;
