@@ -444,10 +444,12 @@ bool binaryAdmittedByCpu(Binary op, Form form, const at::Tensor& self,
 }
 
 // Tries the native path for out = op(self, other, alpha); `out` undefined
-// means a fresh output, returned in `*fresh`. False: declined.
+// means a fresh output, returned in `*fresh` (null when `out` is given).
+// False: declined.
 bool tryBinary(Binary op, const at::Tensor& self, const at::Tensor& other,
                const at::Scalar& alpha, const at::Tensor& out, bool in_place,
-               at::Tensor* fresh = nullptr) {
+               at::Tensor* fresh) {
+  TORCH_INTERNAL_ASSERT(out.defined() != (fresh != nullptr));
   const std::optional<c10::Device> device = deviceOf({&self, &other});
   if (!device) {
     return false;
@@ -595,7 +597,7 @@ at::Tensor functional(const at::Tensor& self, const at::Tensor& other,
 template <Binary Op>
 at::Tensor& inPlace(at::Tensor& self, const at::Tensor& other,
                     const at::Scalar& alpha) {
-  if (tryBinary(Op, self, other, alpha, self, true)) {
+  if (tryBinary(Op, self, other, alpha, self, true, nullptr)) {
     counterFor(Op).count();
     return self;
   }
@@ -610,7 +612,7 @@ at::Tensor& inPlace(at::Tensor& self, const at::Tensor& other,
 template <Binary Op>
 at::Tensor& outForm(const at::Tensor& self, const at::Tensor& other,
                     const at::Scalar& alpha, at::Tensor& out) {
-  if (tryBinary(Op, self, other, alpha, out, false)) {
+  if (tryBinary(Op, self, other, alpha, out, false, nullptr)) {
     counterFor(Op).count();
     return out;
   }
