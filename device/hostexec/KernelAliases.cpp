@@ -30,6 +30,26 @@ DeviceTensorRef::DeviceTensorRef(const at::Tensor& tensor)
   checkInsideStorage(tensor);
 }
 
+namespace {
+
+// A CPU storage over `kernel_address` (a kernel view, or null for none),
+// resizable through the CPU allocator as a kernel's out= argument may be.
+c10::Storage cpuStorageOver(void* kernel_address, size_t nbytes) {
+  return c10::Storage(c10::Storage::use_byte_size_t(), nbytes,
+                      c10::DataPtr(kernel_address, c10::Device(c10::kCPU)),
+                      c10::GetCPUAllocator(), /*resizable=*/true);
+}
+
+// Gives an alias `ref`'s geometry and bits (its storage and dtype are set).
+void describeAs(c10::TensorImpl* impl, const DeviceTensorRef& ref) {
+  impl->set_sizes_and_strides(ref.sizes, ref.strides, ref.storage_offset);
+  // Lazy conjugation and negation are part of a tensor's value.
+  impl->_set_conj(ref.is_conj);
+  impl->_set_neg(ref.is_neg);
+}
+
+}  // namespace
+
 KernelAliases::Entry& KernelAliases::entryFor(const void* key,
                                               void* device_address,
                                               size_t nbytes) {
@@ -41,9 +61,7 @@ KernelAliases::Entry& KernelAliases::entryFor(const void* key,
   if (device_address != nullptr) {
     PHANTOM_CHECK(ph_kernel_address(device_address, &kernel_address));
   }
-  c10::Storage cpu(c10::Storage::use_byte_size_t(), nbytes,
-                   c10::DataPtr(kernel_address, c10::Device(c10::kCPU)),
-                   c10::GetCPUAllocator(), /*resizable=*/true);
+  c10::Storage cpu = cpuStorageOver(kernel_address, nbytes);
   Entry& entry = by_key_
                      .emplace(key,
                               Entry{std::nullopt, std::move(cpu),
@@ -57,22 +75,14 @@ at::Tensor KernelAliases::makeAlias(Entry& entry, const DeviceTensorRef& ref) {
   auto cpu = at::detail::make_tensor<c10::TensorImpl>(
       c10::Storage(entry.cpu), c10::DispatchKeySet(c10::DispatchKey::CPU),
       ref.dtype);
-  c10::TensorImpl* impl = cpu.unsafeGetTensorImpl();
-  impl->set_sizes_and_strides(ref.sizes, ref.strides, ref.storage_offset);
-  // Lazy conjugation and negation are part of a tensor's value.
-  impl->_set_conj(ref.is_conj);
-  impl->_set_neg(ref.is_neg);
+  describeAs(cpu.unsafeGetTensorImpl(), ref);
   return cpu;
 }
 
 at::Tensor KernelAliases::alias(const DeviceTensorRef& ref) {
   if (ref.storage_data == nullptr) {
     // No memory to alias: a private empty storage.
-    Entry scratch{std::nullopt,
-                  c10::Storage(c10::Storage::use_byte_size_t(), 0,
-                               c10::DataPtr(nullptr, c10::Device(c10::kCPU)),
-                               c10::GetCPUAllocator(), /*resizable=*/true),
-                  nullptr, 0};
+    Entry scratch{std::nullopt, cpuStorageOver(nullptr, 0), nullptr, 0};
     return makeAlias(scratch, ref);
   }
   return makeAlias(entryFor(ref.storage_data, ref.storage_data,
@@ -243,16 +253,15 @@ c10::Storage PooledAliases::storageFor(const DeviceTensorRef& ref,
   if (ref.storage_data != nullptr) {
     PHANTOM_CHECK(ph_kernel_address(ref.storage_data, &kernel_address));
   }
-  c10::DataPtr view(kernel_address, c10::Device(c10::kCPU));
   c10::Storage storage;
   if (reusable != nullptr) {
     storage = *reusable;
-    storage.set_data_ptr_noswap(std::move(view));  // frees what a kernel grew
+    // Frees what a kernel grew.
+    storage.set_data_ptr_noswap(
+        c10::DataPtr(kernel_address, c10::Device(c10::kCPU)));
     storage.set_nbytes(ref.storage_nbytes);
   } else {
-    storage = c10::Storage(c10::Storage::use_byte_size_t(), ref.storage_nbytes,
-                           std::move(view), c10::GetCPUAllocator(),
-                           /*resizable=*/true);
+    storage = cpuStorageOver(kernel_address, ref.storage_nbytes);
   }
   if (ref.storage_data != nullptr) {
     storages_.emplace_back(ref.storage_data, storage);
@@ -281,10 +290,7 @@ at::Tensor PooledAliases::alias(const DeviceTensorRef& ref) {
     cpu = at::detail::make_tensor<c10::TensorImpl>(
         std::move(storage), c10::DispatchKeySet(c10::DispatchKey::CPU), ref.dtype);
   }
-  c10::TensorImpl* impl = cpu.unsafeGetTensorImpl();
-  impl->set_sizes_and_strides(ref.sizes, ref.strides, ref.storage_offset);
-  impl->_set_conj(ref.is_conj);
-  impl->_set_neg(ref.is_neg);
+  describeAs(cpu.unsafeGetTensorImpl(), ref);
   lent_.push_back(cpu);
   return cpu;
 }
