@@ -33,6 +33,7 @@
 #include <phantom/BoundsCheck.h>
 #include <phantom/KernelAliases.h>
 #include <phantom/ops/OpsReport.h>
+#include <phantom/ops/OutputGeometry.h>
 #include <phantom/Exception.h>
 #include <phantom/hal.h>
 
@@ -496,7 +497,7 @@ bool tryBinary(Binary op, const at::Tensor& self, const at::Tensor& other,
   if (out.defined()) {
     queueBinary(op, out, std::move(*a), std::move(*b), alpha, *device);
   } else {
-    *fresh = at::empty(meta->shape, at::TensorOptions(meta->dtype).device(*device));
+    *fresh = emptyOnCurrentDevice(meta->shape, meta->dtype);
     queueBinary(op, *fresh, std::move(*a), std::move(*b), alpha, *device);
   }
   return true;
@@ -569,9 +570,8 @@ at::Tensor tryBinaryByMeta(Binary op, const at::Tensor& self,
     return {};
   }
   const c10::DeviceGuard guard(*device);
-  at::Tensor result = at::empty_strided(
-      meta.sizes(), meta.strides(),
-      at::TensorOptions(meta.scalar_type()).device(*device));
+  at::Tensor result =
+      emptyOnCurrentDevice(meta.sizes(), meta.strides(), meta.scalar_type());
   queueBinary(op, result, std::move(*a), std::move(*b), alpha, *device);
   return result;
 }

@@ -39,6 +39,7 @@
 #include <phantom/Stream.h>
 #include <phantom/ops/GenericPath.h>
 #include <phantom/ops/OpsReport.h>
+#include <phantom/ops/OutputGeometry.h>
 
 #include <ATen/TensorIterator.h>  // at::internal::GRAIN_SIZE
 #include <ATen/core/LegacyTypeDispatch.h>
@@ -164,7 +165,8 @@ void queueWithOutputs(const char* name, c10::Device device,
 }
 
 T emptyOn(c10::Device device, at::IntArrayRef sizes, at::ScalarType dtype) {
-  return at::empty(sizes, at::TensorOptions(dtype).device(device));
+  const c10::DeviceGuard guard(device);
+  return emptyOnCurrentDevice(sizes, dtype);
 }
 
 // --- _embedding_bag, _embedding_bag_forward_only ---------------------------

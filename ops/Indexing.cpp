@@ -21,6 +21,7 @@
 #include <phantom/Stream.h>
 #include <phantom/ops/GenericPath.h>
 #include <phantom/ops/OpsReport.h>
+#include <phantom/ops/OutputGeometry.h>
 
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/Tensor.h>
@@ -106,9 +107,8 @@ at::Tensor index(const at::Tensor& self, const Indices& indices) {
   index_counter.count();
   const c10::Device device = self.device();
   const c10::DeviceGuard guard(device);
-  at::Tensor out = at::empty_strided(
-      meta_out->sizes(), meta_out->strides(),
-      at::TensorOptions(meta_out->scalar_type()).device(device));
+  at::Tensor out = emptyOnCurrentDevice(meta_out->sizes(), meta_out->strides(),
+                                       meta_out->scalar_type());
   // refs: the output, self, then each defined index; `defined` says which
   // positions of the list hold one.
   c10::SmallVector<DeviceTensorRef, 6> refs;

@@ -30,6 +30,7 @@
 #include <phantom/ops/GenericPath.h>
 #include <phantom/KernelAliases.h>
 #include <phantom/ops/OpsReport.h>
+#include <phantom/ops/OutputGeometry.h>
 
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/Tensor.h>
@@ -107,41 +108,32 @@
 namespace phantom {
 namespace {
 
-// The op's inputs: all phantom tensors on one device, with their meta
-// mirrors. Empty when the native path must decline.
+// The device of the op's inputs when they are all plain phantom tensors on
+// one device; nullopt when the native path must decline.
 template <size_t N>
-struct Inputs {
-  c10::Device device{c10::DeviceType::PrivateUse1};
-  std::array<at::Tensor, N> meta;
-
-  static std::optional<Inputs> of(const std::array<const at::Tensor*, N>& tensors) {
-    Inputs result;
-    for (size_t i = 0; i < N; ++i) {
-      const at::Tensor& t = *tensors[i];
-      if (!isPlainPhantom(t)) {
-        return std::nullopt;
-      }
-      if (i == 0) {
-        result.device = t.device();
-      } else if (t.device() != result.device) {
-        return std::nullopt;  // the generic path reports mixed devices
-      }
-      result.meta[i] = metaLike(t);
+std::optional<c10::Device> commonDevice(const std::array<const at::Tensor*, N>& tensors) {
+  std::optional<c10::Device> device;
+  for (const at::Tensor* t : tensors) {
+    if (!isPlainPhantom(*t)) {
+      return std::nullopt;
     }
-    return result;
+    if (!device) {
+      device = t->device();
+    } else if (t->device() != *device) {
+      return std::nullopt;  // the generic path reports mixed devices
+    }
   }
-};
+  return device;
+}
 
-// Queues `kernel(out, input aliases...)` for a phantom output allocated
-// like `meta_out`. Returns the output.
+// Queues `kernel(out, input aliases...)` for a phantom output of
+// `geometry`. Returns the output.
 template <size_t N, typename Kernel>
 at::Tensor queueKernel(const char* name, c10::Device device,
                        const std::array<const at::Tensor*, N>& tensors,
-                       const at::Tensor& meta_out, Kernel kernel) {
+                       const OutputGeometry& geometry, Kernel kernel) {
   const c10::DeviceGuard guard(device);
-  at::Tensor out = at::empty_strided(
-      meta_out.sizes(), meta_out.strides(),
-      at::TensorOptions(meta_out.scalar_type()).device(device));
+  at::Tensor out = emptyOnCurrentDevice(geometry.sizes, geometry.strides, geometry.dtype);
   // refs[0] is the output, then the inputs in order.
   c10::SmallVector<DeviceTensorRef, N + 1> refs;
   refs.emplace_back(out);
@@ -172,11 +164,13 @@ at::Tensor queueKernel(const char* name, c10::Device device,
   return out;
 }
 
-// One native kernel's counter for the ops report and its CPU admission.
+// One native kernel's counter for the ops report, its CPU admission and
+// its remembered output geometries.
 struct NativeOp {
   explicit NativeOp(const char* name) : counter(name) {}
   NativeOpCounter counter;
   CpuAdmission admission;
+  OutputGeometryMemo geometries;
 };
 
 // Whether the CPU implementation accepts the call (see CpuAdmission): the
@@ -214,28 +208,52 @@ bool admittedByCpu(NativeOp& native, CallSignature& signature,
   });
 }
 
-// The native path for one op: meta first, then the CPU's admission
-// (declining if either refuses), then the queued kernel. `signature` holds
-// the op's arguments other than tensors and scalars; `box` builds the
-// boxed arguments for the generic path.
+// The native path for one op: the output geometry an earlier call with
+// the same geometry key got (OutputGeometry.h), or else meta first, then
+// the CPU's admission (declining if either refuses), then the queued
+// kernel. `signature` holds the op's arguments other than tensors and
+// scalars; `box` builds the boxed arguments for the generic path.
 template <size_t N, typename Meta, typename Kernel, typename Box>
 at::Tensor runStructured(NativeOp& native, const char* overload,
                          const std::array<const at::Tensor*, N>& tensors,
                          CallSignature signature,
                          at::ArrayRef<at::Scalar> scalars, Meta meta,
                          Kernel kernel, Box box) {
-  if (std::optional<Inputs<N>> inputs = Inputs<N>::of(tensors)) {
-    std::optional<at::Tensor> meta_out;
-    try {
-      meta_out = meta(inputs->meta);
-    } catch (const c10::Error&) {
-      // Refused: the generic path raises the CPU kernel's own error.
+  if (const std::optional<c10::Device> device = commonDevice<N>(tensors)) {
+    GeometryKey key(signature.key());
+    bool rememberable = true;
+    for (const at::Tensor* t : tensors) {
+      key.tensor(*t);
     }
-    if (meta_out &&
-        admittedByCpu(native, signature, tensors, scalars, meta, kernel)) {
+    for (const at::Scalar& scalar : scalars) {
+      rememberable = key.scalar(scalar) && rememberable;
+    }
+    const OutputGeometry* known = rememberable ? native.geometries.lookup(key) : nullptr;
+    std::optional<OutputGeometry> computed;
+    if (!known) {
+      std::array<at::Tensor, N> metas;
+      for (size_t i = 0; i < N; ++i) {
+        metas[i] = metaLike(*tensors[i]);
+      }
+      std::optional<at::Tensor> meta_out;
+      try {
+        meta_out = meta(metas);
+      } catch (const c10::Error&) {
+        // Refused: the generic path raises the CPU kernel's own error.
+      }
+      if (meta_out &&
+          admittedByCpu(native, signature, tensors, scalars, meta, kernel)) {
+        if (rememberable) {
+          native.geometries.remember(key, *meta_out);
+        }
+        computed = OutputGeometry::of(*meta_out);
+        known = &*computed;
+      }
+    }
+    if (known) {
       native.counter.count();
-      return queueKernel<N>(native.counter.op(), inputs->device, tensors,
-                            *meta_out, std::move(kernel));
+      return queueKernel<N>(native.counter.op(), *device, tensors, *known,
+                            std::move(kernel));
     }
   }
   torch::jit::Stack stack = box();
@@ -636,7 +654,6 @@ bool catAdmittedByCpu(const std::vector<at::Tensor>& inputs, int64_t dim) {
 
 T cat(const at::ITensorListRef& tensors, int64_t dim) {
   std::vector<at::Tensor> inputs;
-  std::vector<at::Tensor> metas;
   std::optional<c10::Device> device;
   bool ours = true;
   for (const at::Tensor& t : tensors) {
@@ -646,29 +663,42 @@ T cat(const at::ITensorListRef& tensors, int64_t dim) {
       continue;
     }
     device = t.device();
-    metas.push_back(metaLike(t));
   }
-  std::optional<at::Tensor> meta_out;
+  const OutputGeometry* known = nullptr;
+  std::optional<OutputGeometry> computed;
   if (ours && device) {
-    try {
-      meta_out = at::meta::cat(metas, dim);
-    } catch (const c10::Error&) {
-      // Refused: the generic path raises the CPU kernel's own error.
+    GeometryKey key(CallSignature().value(dim).key());
+    for (const at::Tensor& t : inputs) {
+      key.tensor(t);
+    }
+    known = cat_native.geometries.lookup(key);
+    if (!known) {
+      std::vector<at::Tensor> metas;
+      metas.reserve(inputs.size());
+      for (const at::Tensor& t : inputs) {
+        metas.push_back(metaLike(t));
+      }
+      std::optional<at::Tensor> meta_out;
+      try {
+        meta_out = at::meta::cat(metas, dim);
+      } catch (const c10::Error&) {
+        // Refused: the generic path raises the CPU kernel's own error.
+      }
+      if (meta_out && catAdmittedByCpu(inputs, dim)) {
+        cat_native.geometries.remember(key, *meta_out);
+        computed = OutputGeometry::of(*meta_out);
+        known = &*computed;
+      }
     }
   }
-  if (meta_out && !catAdmittedByCpu(inputs, dim)) {
-    meta_out.reset();
-  }
-  if (!meta_out) {
+  if (!known) {
     torch::jit::Stack stack = boxArguments(c10::List<at::Tensor>(inputs), dim);
     runGenericBoxed("aten::cat", "", &stack);
     return stack.back().toTensor();
   }
   cat_native.counter.count();
   const c10::DeviceGuard guard(*device);
-  at::Tensor out = at::empty_strided(
-      meta_out->sizes(), meta_out->strides(),
-      at::TensorOptions(meta_out->scalar_type()).device(*device));
+  at::Tensor out = emptyOnCurrentDevice(known->sizes, known->strides, known->dtype);
   std::vector<DeviceTensorRef> refs;
   refs.reserve(inputs.size());
   for (const at::Tensor& t : inputs) {

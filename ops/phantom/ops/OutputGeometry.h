@@ -1,0 +1,88 @@
+// A native kernel's output on the device: allocated without the
+// dispatcher, and its geometry remembered per call so that a repeated call
+// skips the meta function. Internal to ops/.
+//
+// A structured native kernel (Structured.cpp) learns its output's sizes,
+// strides and dtype from ATen's meta function over meta mirrors of its
+// inputs, which also makes the CPU's checks; the CPU admission then asks
+// whether the CPU kernel takes the dtypes. On a small op the mirrors and
+// the meta function are a large part of the host's cost, and a training
+// loop calls each op with the same arguments every step. So once a call
+// has passed both, the kernel remembers, under the call's geometry key,
+// the output geometry it got; a later call with the same key takes it
+// from the memo and skips mirrors, meta function and admission.
+//
+// The key holds everything those depend on: the op's non-tensor arguments
+// (its CallSignature), each input's dtype, sizes and strides, each Scalar's
+// type and value (pow of an integer tensor refuses a negative exponent,
+// a check on the value), and the default dtype (a Python number promotes
+// to it). Only calls whose inputs are all plain phantom tensors on one
+// device are remembered, so storage, device and conj/neg bits do not
+// enter. A call the meta function or the CPU refuses is never remembered:
+// it goes to the generic path every time and raises there. A memo keeps
+// at most kCapacity keys per op; calls of further geometries take the
+// full path.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Scalar.h>
+#include <c10/util/SmallVector.h>
+
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+namespace phantom {
+
+// A tensor of `sizes`, `strides` and `dtype` on the current phantom device
+// (the caller holds a DeviceGuard), from the device allocator: what
+// at::empty_strided gives, without its two dispatcher hops (BackendSelect,
+// then the PrivateUse1 kernel) and the TensorOptions it packs. The second
+// form is contiguous.
+at::Tensor emptyOnCurrentDevice(c10::IntArrayRef sizes, c10::IntArrayRef strides,
+                                c10::ScalarType dtype);
+at::Tensor emptyOnCurrentDevice(c10::IntArrayRef sizes, c10::ScalarType dtype);
+
+// The geometry key of one call, built argument by argument into a buffer
+// of the calling thread (no allocation per call). Use one key at a time
+// per thread, and finish with it (lookup, remember) before allocating or
+// launching anything.
+class GeometryKey {
+ public:
+  // Starts the key with the default dtype and `arguments`, the call's
+  // other arguments as its CallSignature holds them.
+  explicit GeometryKey(const std::string& arguments);
+  GeometryKey& tensor(const at::Tensor& t);
+  // False for a symbolic Scalar: such a call is not remembered.
+  bool scalar(const at::Scalar& scalar);
+  const std::string& str() const { return key_; }
+
+ private:
+  std::string& key_;
+};
+
+struct OutputGeometry {
+  static OutputGeometry of(const at::Tensor& meta_out);
+  c10::SmallVector<int64_t, 5> sizes;
+  c10::SmallVector<int64_t, 5> strides;
+  c10::ScalarType dtype;
+};
+
+// One native kernel's remembered output geometries. Give each native
+// kernel its own, with static storage duration.
+class OutputGeometryMemo {
+ public:
+  static constexpr size_t kCapacity = 512;
+
+  // The geometry remembered for `key`, or null. Entries are never removed
+  // or changed, so the pointer stays valid.
+  const OutputGeometry* lookup(const GeometryKey& key);
+  // Remembers `meta_out`'s geometry under `key` (nothing once full).
+  void remember(const GeometryKey& key, const at::Tensor& meta_out);
+
+ private:
+  std::mutex mutex_;
+  std::unordered_map<std::string, OutputGeometry> known_;  // guarded by mutex_
+};
+
+}  // namespace phantom
