@@ -43,6 +43,7 @@ using Indices = c10::List<std::optional<at::Tensor>>;
 
 NativeOpCounter index_counter("aten::index");
 CpuAdmission index_admission;
+OutputGeometryMemo index_geometries;
 
 // `indices` with each defined index replaced by `f(index)`.
 template <typename F>
@@ -73,20 +74,31 @@ bool admittedByCpu(const at::Tensor& self, const Indices& indices) {
   });
 }
 
-// The output's meta tensor, or nullopt when the call is not taken here.
-std::optional<at::Tensor> nativeOutput(const at::Tensor& self, const Indices& indices) {
+// The output's geometry, or nullopt when the call is not taken here: the
+// one an earlier call with the same geometry key got (OutputGeometry.h),
+// else the meta function's once the CPU admits the call.
+std::optional<OutputGeometry> nativeOutput(const at::Tensor& self, const Indices& indices) {
   if (!isPlainPhantom(self)) return std::nullopt;
   bool any = false;
+  GeometryKey key(std::string{});
+  key.tensor(self);
   for (const std::optional<at::Tensor>& index : indices) {
-    if (!index.has_value() || !index->defined()) continue;
+    if (!index.has_value() || !index->defined()) {
+      key.tensor(at::Tensor());
+      continue;
+    }
     const at::ScalarType dtype = index->scalar_type();
     if (!isPlainPhantom(*index) || index->device() != self.device() ||
         (dtype != at::kLong && dtype != at::kInt)) {
       return std::nullopt;
     }
+    key.tensor(*index);
     any = true;
   }
   if (!any) return std::nullopt;
+  if (const OutputGeometry* known = index_geometries.lookup(key)) {
+    return *known;
+  }
   std::optional<at::Tensor> meta_out;
   try {
     meta_out = at::meta::index(metaLike(self), mapIndices(indices, metaLike));
@@ -94,12 +106,13 @@ std::optional<at::Tensor> nativeOutput(const at::Tensor& self, const Indices& in
     return std::nullopt;  // the generic path raises the CPU's own error
   }
   if (!admittedByCpu(self, indices)) return std::nullopt;
-  return meta_out;
+  index_geometries.remember(key, *meta_out);
+  return OutputGeometry::of(*meta_out);
 }
 
 at::Tensor index(const at::Tensor& self, const Indices& indices) {
-  const std::optional<at::Tensor> meta_out = nativeOutput(self, indices);
-  if (!meta_out) {
+  const std::optional<OutputGeometry> geometry = nativeOutput(self, indices);
+  if (!geometry) {
     torch::jit::Stack stack = boxArguments(self, indices);
     runGenericBoxed(index_counter.op(), "Tensor", &stack);
     return stack.back().toTensor();
@@ -107,8 +120,7 @@ at::Tensor index(const at::Tensor& self, const Indices& indices) {
   index_counter.count();
   const c10::Device device = self.device();
   const c10::DeviceGuard guard(device);
-  at::Tensor out = emptyOnCurrentDevice(meta_out->sizes(), meta_out->strides(),
-                                       meta_out->scalar_type());
+  at::Tensor out = emptyOnCurrentDevice(geometry->sizes, geometry->strides, geometry->dtype);
   // refs: the output, self, then each defined index; `defined` says which
   // positions of the list hold one.
   c10::SmallVector<DeviceTensorRef, 6> refs;

@@ -124,3 +124,22 @@ def test_remembered_linear_and_its_backward_train_like_the_cpu():
             o.step()
     for p, q in zip(model.parameters(), device_model.parameters()):
         assert torch.equal(p, q.cpu())
+
+
+def test_integer_indexing_gets_each_placement_and_layout_its_own_output():
+    x = _rand(4, 4, 4)
+    r, c = torch.triu_indices(4, 4, 1)
+    dx, dr, dc = x.to("phantom"), r.to("phantom"), c.to("phantom")
+    before = _native("aten::index")
+    # The same index tensors, placed differently, over differently laid out
+    # inputs: each has the CPU's shape and strides.
+    calls = [lambda t, r, c: t[:, r, c], lambda t, r, c: t[r, c],
+             lambda t, r, c: t[r, :, c], lambda t, r, c: t.transpose(0, 2)[:, r, c],
+             lambda t, r, c: t[:, :, r]]
+    for _ in range(2):
+        for call in calls:
+            expected = call(x, r, c)
+            got = call(dx, dr, dc)
+            assert (got.shape, got.stride()) == (expected.shape, expected.stride())
+            assert torch.equal(got.cpu(), expected)
+    assert _native("aten::index") == before + 2 * len(calls)
