@@ -96,18 +96,16 @@ std::optional<OutputGeometry> nativeOutput(const at::Tensor& self, const Indices
     any = true;
   }
   if (!any) return std::nullopt;
-  if (const OutputGeometry* known = index_geometries.lookup(key)) {
-    return *known;
-  }
-  std::optional<at::Tensor> meta_out;
-  try {
-    meta_out = at::meta::index(metaLike(self), mapIndices(indices, metaLike));
-  } catch (const c10::Error&) {
-    return std::nullopt;  // the generic path raises the CPU's own error
-  }
-  if (!admittedByCpu(self, indices)) return std::nullopt;
-  index_geometries.remember(key, *meta_out);
-  return OutputGeometry::of(*meta_out);
+  return index_geometries.outputOf(key, [&]() -> std::optional<at::Tensor> {
+    std::optional<at::Tensor> meta_out;
+    try {
+      meta_out = at::meta::index(metaLike(self), mapIndices(indices, metaLike));
+    } catch (const c10::Error&) {
+      return std::nullopt;  // the generic path raises the CPU's own error
+    }
+    if (!admittedByCpu(self, indices)) return std::nullopt;
+    return meta_out;
+  });
 }
 
 at::Tensor index(const at::Tensor& self, const Indices& indices) {

@@ -57,9 +57,10 @@ GeometryKey& GeometryKey::tensor(const at::Tensor& t) {
   return *this;
 }
 
-bool GeometryKey::scalar(const at::Scalar& scalar) {
+GeometryKey& GeometryKey::scalar(const at::Scalar& scalar) {
   if (scalar.isSymbolic()) {
-    return false;
+    rememberable_ = false;
+    return *this;
   }
   key_.push_back('S');
   key_.push_back(static_cast<char>(scalar.type()));
@@ -74,7 +75,7 @@ bool GeometryKey::scalar(const at::Scalar& scalar) {
   } else {
     put(key_, scalar.toLong());
   }
-  return true;
+  return *this;
 }
 
 OutputGeometry OutputGeometry::of(const at::Tensor& meta_out) {

@@ -221,38 +221,32 @@ at::Tensor runStructured(NativeOp& native, const char* overload,
                          Kernel kernel, Box box) {
   if (const std::optional<c10::Device> device = commonDevice<N>(tensors)) {
     GeometryKey key(signature.key());
-    bool rememberable = true;
     for (const at::Tensor* t : tensors) {
       key.tensor(*t);
     }
     for (const at::Scalar& scalar : scalars) {
-      rememberable = key.scalar(scalar) && rememberable;
+      key.scalar(scalar);
     }
-    const OutputGeometry* known = rememberable ? native.geometries.lookup(key) : nullptr;
-    std::optional<OutputGeometry> computed;
-    if (!known) {
-      std::array<at::Tensor, N> metas;
-      for (size_t i = 0; i < N; ++i) {
-        metas[i] = metaLike(*tensors[i]);
-      }
-      std::optional<at::Tensor> meta_out;
-      try {
-        meta_out = meta(metas);
-      } catch (const c10::Error&) {
-        // Refused: the generic path raises the CPU kernel's own error.
-      }
-      if (meta_out &&
-          admittedByCpu(native, signature, tensors, scalars, meta, kernel)) {
-        if (rememberable) {
-          native.geometries.remember(key, *meta_out);
-        }
-        computed = OutputGeometry::of(*meta_out);
-        known = &*computed;
-      }
-    }
-    if (known) {
+    const std::optional<OutputGeometry> geometry =
+        native.geometries.outputOf(key, [&]() -> std::optional<at::Tensor> {
+          std::array<at::Tensor, N> metas;
+          for (size_t i = 0; i < N; ++i) {
+            metas[i] = metaLike(*tensors[i]);
+          }
+          std::optional<at::Tensor> meta_out;
+          try {
+            meta_out = meta(metas);
+          } catch (const c10::Error&) {
+            return std::nullopt;  // the generic path raises the CPU kernel's own error
+          }
+          if (!admittedByCpu(native, signature, tensors, scalars, meta, kernel)) {
+            return std::nullopt;
+          }
+          return meta_out;
+        });
+    if (geometry) {
       native.counter.count();
-      return queueKernel<N>(native.counter.op(), *device, tensors, *known,
+      return queueKernel<N>(native.counter.op(), *device, tensors, *geometry,
                             std::move(kernel));
     }
   }
@@ -664,15 +658,13 @@ T cat(const at::ITensorListRef& tensors, int64_t dim) {
     }
     device = t.device();
   }
-  const OutputGeometry* known = nullptr;
-  std::optional<OutputGeometry> computed;
+  std::optional<OutputGeometry> geometry;
   if (ours && device) {
     GeometryKey key(CallSignature().value(dim).key());
     for (const at::Tensor& t : inputs) {
       key.tensor(t);
     }
-    known = cat_native.geometries.lookup(key);
-    if (!known) {
+    geometry = cat_native.geometries.outputOf(key, [&]() -> std::optional<at::Tensor> {
       std::vector<at::Tensor> metas;
       metas.reserve(inputs.size());
       for (const at::Tensor& t : inputs) {
@@ -682,23 +674,22 @@ T cat(const at::ITensorListRef& tensors, int64_t dim) {
       try {
         meta_out = at::meta::cat(metas, dim);
       } catch (const c10::Error&) {
-        // Refused: the generic path raises the CPU kernel's own error.
+        return std::nullopt;  // the generic path raises the CPU kernel's own error
       }
-      if (meta_out && catAdmittedByCpu(inputs, dim)) {
-        cat_native.geometries.remember(key, *meta_out);
-        computed = OutputGeometry::of(*meta_out);
-        known = &*computed;
+      if (!catAdmittedByCpu(inputs, dim)) {
+        return std::nullopt;
       }
-    }
+      return meta_out;
+    });
   }
-  if (!known) {
+  if (!geometry) {
     torch::jit::Stack stack = boxArguments(c10::List<at::Tensor>(inputs), dim);
     runGenericBoxed("aten::cat", "", &stack);
     return stack.back().toTensor();
   }
   cat_native.counter.count();
   const c10::DeviceGuard guard(*device);
-  at::Tensor out = emptyOnCurrentDevice(known->sizes, known->strides, known->dtype);
+  at::Tensor out = emptyOnCurrentDevice(geometry->sizes, geometry->strides, geometry->dtype);
   std::vector<DeviceTensorRef> refs;
   refs.reserve(inputs.size());
   for (const at::Tensor& t : inputs) {

@@ -29,6 +29,7 @@
 #include <c10/util/SmallVector.h>
 
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 
@@ -53,12 +54,14 @@ class GeometryKey {
   // other arguments as its CallSignature holds them.
   explicit GeometryKey(const std::string& arguments);
   GeometryKey& tensor(const at::Tensor& t);
-  // False for a symbolic Scalar: such a call is not remembered.
-  bool scalar(const at::Scalar& scalar);
+  // A symbolic Scalar makes the call one that is not remembered.
+  GeometryKey& scalar(const at::Scalar& scalar);
   const std::string& str() const { return key_; }
+  bool rememberable() const { return rememberable_; }
 
  private:
   std::string& key_;
+  bool rememberable_ = true;
 };
 
 struct OutputGeometry {
@@ -74,13 +77,33 @@ class OutputGeometryMemo {
  public:
   static constexpr size_t kCapacity = 512;
 
+  // The output's geometry for a call with `key`: the remembered one, or
+  // else that of the meta tensor `compute()` returns (nullopt: the call is
+  // refused, and so is not remembered), which is then remembered.
+  template <typename Compute>
+  std::optional<OutputGeometry> outputOf(const GeometryKey& key, Compute&& compute) {
+    if (key.rememberable()) {
+      if (const OutputGeometry* known = lookup(key)) {
+        return *known;
+      }
+    }
+    const std::optional<at::Tensor> meta_out = compute();
+    if (!meta_out) {
+      return std::nullopt;
+    }
+    if (key.rememberable()) {
+      remember(key, *meta_out);
+    }
+    return OutputGeometry::of(*meta_out);
+  }
+
+ private:
   // The geometry remembered for `key`, or null. Entries are never removed
   // or changed, so the pointer stays valid.
   const OutputGeometry* lookup(const GeometryKey& key);
   // Remembers `meta_out`'s geometry under `key` (nothing once full).
   void remember(const GeometryKey& key, const at::Tensor& meta_out);
 
- private:
   std::mutex mutex_;
   std::unordered_map<std::string, OutputGeometry> known_;  // guarded by mutex_
 };
