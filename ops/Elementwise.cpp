@@ -549,29 +549,41 @@ at::Tensor tryBinaryByMeta(Binary op, const at::Tensor& self,
   if (!a || !b) {
     return {};
   }
-  at::Tensor meta;
-  try {
-    meta = metaResult(op, metaOf(self), metaOf(other), alpha);
-  } catch (const c10::Error&) {
-    return {};  // the generic path raises the CPU's own error
-  }
-  if (c10::isFloat8Type(meta.scalar_type())) {
-    return {};  // refused by the CPU kernel, not by the meta function
-  }
-  const bool admitted = binaryAdmittedByCpu(
-      op, Form::kByMeta, self, other, alpha, at::Tensor(), *a, *b,
-      [op, &alpha](const at::Tensor& pa, const at::Tensor& pb) {
-        const at::Tensor m =
-            metaResult(op, metaOfProbe(pa), metaOfProbe(pb), alpha);
-        return at::empty_strided(m.sizes(), m.strides(),
-                                 at::TensorOptions(m.scalar_type()));
+  // Remembered per op (OutputGeometry.h): gradients summed by autograd
+  // from a transposed and a plain input come here on every step.
+  static OutputGeometryMemo geometries[4];
+  GeometryKey key({});
+  key.tensor(self).tensor(other).scalar(alpha);
+  const std::optional<OutputGeometry> geometry =
+      geometries[static_cast<int>(op)].outputOf(key, [&]() -> std::optional<at::Tensor> {
+        at::Tensor meta;
+        try {
+          meta = metaResult(op, metaOf(self), metaOf(other), alpha);
+        } catch (const c10::Error&) {
+          return std::nullopt;  // the generic path raises the CPU's own error
+        }
+        if (c10::isFloat8Type(meta.scalar_type())) {
+          return std::nullopt;  // refused by the CPU kernel, not by the meta function
+        }
+        const bool admitted = binaryAdmittedByCpu(
+            op, Form::kByMeta, self, other, alpha, at::Tensor(), *a, *b,
+            [op, &alpha](const at::Tensor& pa, const at::Tensor& pb) {
+              const at::Tensor m =
+                  metaResult(op, metaOfProbe(pa), metaOfProbe(pb), alpha);
+              return at::empty_strided(m.sizes(), m.strides(),
+                                       at::TensorOptions(m.scalar_type()));
+            });
+        if (!admitted) {
+          return std::nullopt;
+        }
+        return meta;
       });
-  if (!admitted) {
+  if (!geometry) {
     return {};
   }
   const c10::DeviceGuard guard(*device);
   at::Tensor result =
-      emptyOnCurrentDevice(meta.sizes(), meta.strides(), meta.scalar_type());
+      emptyOnCurrentDevice(geometry->sizes, geometry->strides, geometry->dtype);
   queueBinary(op, result, std::move(*a), std::move(*b), alpha, *device);
   return result;
 }

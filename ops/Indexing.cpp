@@ -80,7 +80,7 @@ bool admittedByCpu(const at::Tensor& self, const Indices& indices) {
 std::optional<OutputGeometry> nativeOutput(const at::Tensor& self, const Indices& indices) {
   if (!isPlainPhantom(self)) return std::nullopt;
   bool any = false;
-  GeometryKey key(std::string{});
+  GeometryKey key({});
   key.tensor(self);
   for (const std::optional<at::Tensor>& index : indices) {
     if (!index.has_value() || !index->defined()) {

@@ -37,7 +37,7 @@ at::Tensor emptyOnCurrentDevice(c10::IntArrayRef sizes, c10::ScalarType dtype) {
                                    dtype, std::nullopt);
 }
 
-GeometryKey::GeometryKey(const std::string& arguments) : key_(threadKeyBuffer()) {
+GeometryKey::GeometryKey(std::string_view arguments) : key_(threadKeyBuffer()) {
   key_.clear();
   key_.push_back(static_cast<char>(c10::typeMetaToScalarType(c10::get_default_dtype())));
   put(key_, static_cast<uint32_t>(arguments.size()));
@@ -50,6 +50,8 @@ GeometryKey& GeometryKey::tensor(const at::Tensor& t) {
     return *this;
   }
   key_.push_back('T');
+  key_.push_back(static_cast<char>(t.device().type()));
+  key_.push_back(static_cast<char>(t.unsafeGetTensorImpl()->is_wrapped_number()));
   key_.push_back(static_cast<char>(t.scalar_type()));
   key_.push_back(static_cast<char>(t.dim()));
   for (int64_t v : t.sizes()) put(key_, v);

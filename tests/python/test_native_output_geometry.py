@@ -143,3 +143,32 @@ def test_integer_indexing_gets_each_placement_and_layout_its_own_output():
             assert (got.shape, got.stride()) == (expected.shape, expected.stride())
             assert torch.equal(got.cpu(), expected)
     assert _native("aten::index") == before + 2 * len(calls)
+
+
+def test_binary_ops_by_meta_get_each_layout_dtype_and_alpha_check():
+    # Gradients summed by autograd (a transposed and a plain tensor) and
+    # integer results take the binary ops' meta path, remembered too.
+    x, y = _rand(5, 5), _rand(5, 5, seed=1)
+    i, j = torch.arange(25).reshape(5, 5), torch.arange(25, 50).reshape(5, 5)
+    before = _native("aten::add")
+    for _ in range(2):
+        _same_as_cpu(lambda a, b: a.t() + b, x, y)
+        _same_as_cpu(lambda a, b: a + b.t(), x, y)
+        _same_as_cpu(lambda a, b: a.t() * b.t(), x, y)
+        _same_as_cpu(lambda a, b: a - b, i, j)
+        _same_as_cpu(lambda a, b: a.t() + b, i, j)
+        _same_as_cpu(lambda a, b: torch.add(a, b, alpha=3), i, j)
+        _same_as_cpu(lambda a: a.t() + 2.5, i)
+        _same_as_cpu(lambda a: a.t() + 2, i)
+        _same_as_cpu(lambda a, b: (a > 3) + (b > 30), i, j)
+    assert _native("aten::add") == before + 2 * 7
+    # An alpha the CPU refuses for integer tensors, after ones it took with
+    # the same tensors: refused at the call.
+    di, dj = i.to("phantom"), j.to("phantom")
+    with pytest.raises(RuntimeError, match="alpha must not be a floating point") as error:
+        torch.add(di, dj, alpha=2.5)
+    with pytest.raises(RuntimeError) as cpu_error:
+        torch.add(i, j, alpha=2.5)
+    assert str(error.value) == str(cpu_error.value)
+    del error, cpu_error
+    torch.phantom.synchronize()

@@ -17,8 +17,8 @@
 // type and value (pow of an integer tensor refuses a negative exponent,
 // a check on the value), and the default dtype (a Python number promotes
 // to it). Only calls whose inputs are all plain phantom tensors on one
-// device are remembered, so storage, device and conj/neg bits do not
-// enter. A call the meta function or the CPU refuses is never remembered:
+// device (and CPU scalars, for the binary ops) are remembered, so storage,
+// device index and conj/neg bits do not enter. A call the meta function or the CPU refuses is never remembered:
 // it goes to the generic path every time and raises there. A memo keeps
 // at most kCapacity keys per op; calls of further geometries take the
 // full path.
@@ -31,6 +31,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 
 namespace phantom {
@@ -51,8 +52,10 @@ at::Tensor emptyOnCurrentDevice(c10::IntArrayRef sizes, c10::ScalarType dtype);
 class GeometryKey {
  public:
   // Starts the key with the default dtype and `arguments`, the call's
-  // other arguments as its CallSignature holds them.
-  explicit GeometryKey(const std::string& arguments);
+  // other arguments (as its CallSignature holds them, or an op's tag).
+  explicit GeometryKey(std::string_view arguments);
+  // Undefined, or the device type (a CPU scalar may join phantom tensors),
+  // whether it is a wrapped Python number, dtype, sizes and strides.
   GeometryKey& tensor(const at::Tensor& t);
   // A symbolic Scalar makes the call one that is not remembered.
   GeometryKey& scalar(const at::Scalar& scalar);
