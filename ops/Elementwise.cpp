@@ -705,7 +705,7 @@ bool reluQueued(const at::Tensor& self, const at::Tensor& out) {
   if (!admitted) {
     return false;
   }
-  // The callers hold a guard of self's device (relu's for its at::empty).
+  // The callers hold a guard of self's device (relu's for its output).
   const PhantomStream stream = getCurrentPhantomStream(self.device().index());
   const c10::ScalarType dtype = self.scalar_type();
   if ((dtype == c10::kFloat || dtype == c10::kDouble) && self.numel() > 0 &&
@@ -738,7 +738,7 @@ at::Tensor relu(const at::Tensor& self) {
   if (isPhantom(self) && self.is_contiguous() &&
       c10::isFloatingType(self.scalar_type())) {
     const c10::DeviceGuard guard(self.device());
-    at::Tensor out = at::empty(self.sizes(), self.options());
+    at::Tensor out = emptyOnCurrentDevice(self.sizes(), self.scalar_type());
     if (reluQueued(self, out)) {
       relu_counter.count();
       return out;

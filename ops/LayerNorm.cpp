@@ -27,6 +27,7 @@
 #include <phantom/ops/GenericPath.h>
 #include <phantom/KernelAliases.h>
 #include <phantom/ops/OpsReport.h>
+#include <phantom/ops/OutputGeometry.h>
 
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/Tensor.h>
@@ -141,9 +142,9 @@ Tensors3 layerNorm(const at::Tensor& input, c10::IntArrayRef normalized_shape,
       at::DimVector stat_shape(input.sizes().begin(),
                                input.sizes().end() - normalized_shape.size());
       stat_shape.resize(input.dim(), 1);
-      at::Tensor y = at::empty(input.sizes(), input.options());
-      at::Tensor mean = at::empty(stat_shape, input.options());
-      at::Tensor rstd = at::empty(stat_shape, input.options());
+      at::Tensor y = emptyOnCurrentDevice(input.sizes(), input.scalar_type());
+      at::Tensor mean = emptyOnCurrentDevice(stat_shape, input.scalar_type());
+      at::Tensor rstd = emptyOnCurrentDevice(stat_shape, input.scalar_type());
       forward_counter.count();
       const PhantomStream stream = getCurrentPhantomStream(input.device().index());
       launchAsync(
@@ -210,13 +211,13 @@ Tensors3 layerNormBackward(const at::Tensor& grad_out, const at::Tensor& input,
       const c10::DeviceGuard guard(device);
       at::Tensor dx, dgamma, dbeta;
       if (output_mask[0]) {
-        dx = at::empty(input.sizes(), input.options());
+        dx = emptyOnCurrentDevice(input.sizes(), input.scalar_type());
       }
       if (output_mask[1]) {
-        dgamma = at::empty(weight.sizes(), weight.options());
+        dgamma = emptyOnCurrentDevice(weight.sizes(), weight.scalar_type());
       }
       if (output_mask[2]) {
-        dbeta = at::empty(bias.sizes(), bias.options());
+        dbeta = emptyOnCurrentDevice(bias.sizes(), bias.scalar_type());
       }
       backward_counter.count();
       launchAsync(
