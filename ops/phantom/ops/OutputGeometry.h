@@ -2,7 +2,8 @@
 // dispatcher, and its geometry remembered per call so that a repeated call
 // skips the meta function. Internal to ops/.
 //
-// A structured native kernel (Structured.cpp) learns its output's sizes,
+// A native kernel that is not a direct loop (the structured ops, `cat`,
+// integer indexing, the binary ops' meta path) learns its output's sizes,
 // strides and dtype from ATen's meta function over meta mirrors of its
 // inputs, which also makes the CPU's checks; the CPU admission then asks
 // whether the CPU kernel takes the dtypes. On a small op the mirrors and
@@ -12,16 +13,17 @@
 // the output geometry it got; a later call with the same key takes it
 // from the memo and skips mirrors, meta function and admission.
 //
-// The key holds everything those depend on: the op's non-tensor arguments
-// (its CallSignature), each input's dtype, sizes and strides, each Scalar's
-// type and value (pow of an integer tensor refuses a negative exponent,
-// a check on the value), and the default dtype (a Python number promotes
-// to it). Only calls whose inputs are all plain phantom tensors on one
-// device (and CPU scalars, for the binary ops) are remembered, so storage,
-// device index and conj/neg bits do not enter. A call the meta function or the CPU refuses is never remembered:
-// it goes to the generic path every time and raises there. A memo keeps
-// at most kCapacity keys per op; calls of further geometries take the
-// full path.
+// The key holds everything those depend on: the op's non-tensor
+// arguments (its CallSignature), each input's device type, wrapped-number
+// bit, dtype, sizes and strides, each Scalar's type and value (pow of an
+// integer tensor refuses a negative exponent, a check on the value), and
+// the default dtype (a Python number promotes to it). Only calls whose
+// inputs are plain phantom tensors on one device (and CPU scalars, for
+// the binary ops) get this far, so storage, device index and conj/neg
+// bits do not enter. A call the meta function or the CPU refuses is never
+// remembered: it goes to the generic path every time and raises there. A
+// memo keeps at most kCapacity keys per op; calls of further geometries
+// take the full path.
 #pragma once
 
 #include <ATen/core/Tensor.h>
