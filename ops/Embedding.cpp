@@ -164,11 +164,6 @@ void queueWithOutputs(const char* name, c10::Device device,
   });
 }
 
-T emptyOn(c10::Device device, at::IntArrayRef sizes, at::ScalarType dtype) {
-  const c10::DeviceGuard guard(device);
-  return emptyOnCurrentDevice(sizes, dtype);
-}
-
 // --- _embedding_bag, _embedding_bag_forward_only ---------------------------
 
 constexpr int64_t kSum = 0;
@@ -227,13 +222,13 @@ Bag embeddingBag(bool forward_only, const T& weight, const T& indices,
       padding_idx < 0;
   const bool per_bag = !forward_only || mode == kMean || mode == kMax;
   std::array<T, 4> outs = {
-      emptyOn(device, {bags, dim}, weight.scalar_type()),
-      emptyOn(device, {(mode == kSum && fast_path_sum) ? 0 : indices.size(0)},
-              index_type),
-      emptyOn(device, {per_bag ? bags : offsets.size(0)}, index_type),
+      emptyOnCurrentDevice({bags, dim}, weight.scalar_type()),
+      emptyOnCurrentDevice({(mode == kSum && fast_path_sum) ? 0 : indices.size(0)},
+                           index_type),
+      emptyOnCurrentDevice({per_bag ? bags : offsets.size(0)}, index_type),
       T()};
-  outs[3] = mode == kMax ? emptyOn(device, {bags, dim}, index_type)
-                         : emptyOn(device, outs[2].sizes(), index_type);
+  outs[3] = mode == kMax ? emptyOnCurrentDevice({bags, dim}, index_type)
+                         : emptyOnCurrentDevice(outs[2].sizes(), index_type);
   const bool one_thread = indices.numel() * dim < at::internal::GRAIN_SIZE;
   queueWithOutputs<4, 4>(
       counter.op(), device, outs, {&weight, &indices, &offsets, &per_sample_weights},
@@ -311,7 +306,7 @@ T embeddingBagBackward(const T& grad, const T& indices, const T& offsets,
   }
   bag_backward_counter.count();
   const c10::DeviceGuard guard(device);
-  std::array<T, 1> outs = {emptyOn(device, {*num_weights, grad.size(1)},
+  std::array<T, 1> outs = {emptyOnCurrentDevice({*num_weights, grad.size(1)},
                                    grad.scalar_type())};
   queueWithOutputs<1, 7>(
       bag_backward_counter.op(), device, outs,
@@ -345,8 +340,8 @@ std::tuple<T, T> logSigmoidForward(const T& self) {
   }
   log_sigmoid_counter.count();
   const c10::DeviceGuard guard(device);
-  std::array<T, 2> outs = {emptyOn(device, self.sizes(), self.scalar_type()),
-                           emptyOn(device, self.sizes(), self.scalar_type())};
+  std::array<T, 2> outs = {emptyOnCurrentDevice(self.sizes(), self.scalar_type()),
+                           emptyOnCurrentDevice(self.sizes(), self.scalar_type())};
   // Elementwise: the same bits on any number of threads (KernelThreads.h).
   const bool one_thread = self.numel() < at::internal::GRAIN_SIZE;
   queueWithOutputs<2, 1>(

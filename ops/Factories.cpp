@@ -3,19 +3,16 @@
 // device allocator on the requested device. Before the first phantom
 // tensor exists, a driver without a kernel view makes the native kernels
 // step aside (CopyingFallback.cpp).
-#include <phantom/DeviceAllocator.h>
 #include <phantom/Device.h>
 #include <phantom/ops/GenericPath.h>
+#include <phantom/ops/OutputGeometry.h>
 
-#include <ATen/EmptyTensor.h>
 #include <ATen/core/Tensor.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
 namespace phantom {
 namespace {
-
-constexpr c10::DispatchKeySet kPhantomKeys(c10::DispatchKey::PrivateUse1);
 
 c10::Device targetDevice(std::optional<c10::Device> device) {
   c10::DeviceIndex index = device.has_value() ? device->index() : -1;
@@ -45,8 +42,7 @@ at::Tensor empty(c10::IntArrayRef size, std::optional<at::ScalarType> dtype,
   checkLayoutAndPinning(layout, pin_memory);
   stepAsideWithoutKernelView();
   const c10::DeviceGuard guard(targetDevice(device));
-  return at::detail::empty_generic(size, &deviceAllocator(), kPhantomKeys,
-                                   c10::dtype_or_default(dtype), memory_format);
+  return emptyOnCurrentDevice(size, c10::dtype_or_default(dtype), memory_format);
 }
 
 at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
@@ -57,9 +53,7 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
   checkLayoutAndPinning(layout, pin_memory);
   stepAsideWithoutKernelView();
   const c10::DeviceGuard guard(targetDevice(device));
-  return at::detail::empty_strided_generic(size, stride, &deviceAllocator(),
-                                           kPhantomKeys,
-                                           c10::dtype_or_default(dtype));
+  return emptyOnCurrentDevice(size, stride, c10::dtype_or_default(dtype));
 }
 
 }  // namespace

@@ -32,9 +32,10 @@ at::Tensor emptyOnCurrentDevice(c10::IntArrayRef sizes, c10::IntArrayRef strides
                                            kPhantomKeys, dtype);
 }
 
-at::Tensor emptyOnCurrentDevice(c10::IntArrayRef sizes, c10::ScalarType dtype) {
+at::Tensor emptyOnCurrentDevice(c10::IntArrayRef sizes, c10::ScalarType dtype,
+                                std::optional<c10::MemoryFormat> memory_format) {
   return at::detail::empty_generic(sizes, &deviceAllocator(), kPhantomKeys,
-                                   dtype, std::nullopt);
+                                   dtype, memory_format);
 }
 
 GeometryKey::GeometryKey(std::string_view arguments) : key_(threadKeyBuffer()) {

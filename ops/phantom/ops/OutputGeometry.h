@@ -42,10 +42,13 @@ namespace phantom {
 // (the caller holds a DeviceGuard), from the device allocator: what
 // at::empty_strided gives, without its two dispatcher hops (BackendSelect,
 // then the PrivateUse1 kernel) and the TensorOptions it packs. The second
-// form is contiguous.
+// form is laid out in `memory_format` (contiguous by default). Phantom's
+// own `empty` and `empty_strided` kernels (Factories.cpp) end here too.
 at::Tensor emptyOnCurrentDevice(c10::IntArrayRef sizes, c10::IntArrayRef strides,
                                 c10::ScalarType dtype);
-at::Tensor emptyOnCurrentDevice(c10::IntArrayRef sizes, c10::ScalarType dtype);
+at::Tensor emptyOnCurrentDevice(
+    c10::IntArrayRef sizes, c10::ScalarType dtype,
+    std::optional<c10::MemoryFormat> memory_format = std::nullopt);
 
 // The geometry key of one call, built argument by argument into a buffer
 // of the calling thread (no allocation per call). Use one key at a time
