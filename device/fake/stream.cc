@@ -12,6 +12,7 @@
 #include "copy_channels.h"
 #include "errors.h"
 #include "handle_registry.h"
+#include "idle_thread_teams.h"
 #include "spin_wait.h"
 
 namespace phantom::fake {
@@ -201,7 +202,14 @@ void Stream::WorkerLoop() {
     if (!SpinUntil(ready_or_helper_long, kIdlePollBudget) || helper_long) {
       std::unique_lock<std::mutex> lock(mutex_);
       worker_sleeping_.store(true, std::memory_order_seq_cst);
-      work_arrived_.wait(lock, ready);
+      // Idle for kTeamReleaseDelay: give back the OpenMP team the
+      // kernels made on this thread (idle_thread_teams.h), unlocked.
+      if (!work_arrived_.wait_for(lock, kTeamReleaseDelay, ready)) {
+        lock.unlock();
+        ReleaseThreadOpenMpTeam();
+        lock.lock();
+        work_arrived_.wait(lock, ready);
+      }
       worker_sleeping_.store(false, std::memory_order_relaxed);
     }
   }

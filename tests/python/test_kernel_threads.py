@@ -1,7 +1,8 @@
 """Small kernels that split over whole outputs run on one OpenMP thread on
 the stream worker (device/hostexec/phantom/KernelThreads.h): no OpenMP team is woken
 for them, larger kernels still get one, and the answers are the CPU's bits
-computed on all of its threads."""
+computed on all of its threads. A worker left idle gives its team back
+(device/fake/idle_thread_teams.h)."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -35,6 +36,19 @@ def worker_threads():
     names = [open(f"/proc/self/task/{t}/comm").read().strip()
              for t in os.listdir("/proc/self/task")]
     return sum(name.startswith("ph-stream-d0") for name in names)
+
+def team_after(kernel, tries=3):
+    # The worker's threads right after `kernel` ran on it. A worker idle
+    # for a few ms gives its OpenMP team back (device/fake/
+    # idle_thread_teams.h); should this process stall that long between
+    # the kernel's end and the count, the kernel runs again.
+    for _ in range(tries):
+        kernel()
+        on_the_worker()
+        count = worker_threads()
+        if count > 1:
+            return count
+    return count
 """
 
 # The worker's threads after small kernels of the three ops, then after a
@@ -57,9 +71,8 @@ for _ in range(5):
 on_the_worker()
 small = worker_threads()
 big = torch.randint(0, 40, (8192,), generator=g).to(d)
-F.embedding_bag(big, weight.detach(), torch.arange(0, 8192, 64).to(d), mode="sum")
-on_the_worker()
-print(small, worker_threads())
+big_offsets = torch.arange(0, 8192, 64).to(d)
+print(small, team_after(lambda: F.embedding_bag(big, weight.detach(), big_offsets, mode="sum")))
 """
 
 
@@ -85,12 +98,12 @@ import torch, torch_phantom
 torch.ones(1, device="phantom").cpu()  # the worker exists, with no team
 x = torch.randn(4_000_000, generator=torch.Generator().manual_seed(0))
 counts = []
+xd = x.to("phantom")
 for n in (1, 2):
     torch.set_num_threads(n)
-    got = x.to("phantom").sum()
-    on_the_worker()
-    assert torch.equal(got.cpu(), x.sum()), n
-    counts.append(worker_threads())
+    sums = []
+    counts.append(team_after(lambda: sums.append(xd.sum())))
+    assert all(torch.equal(got.cpu(), x.sum()) for got in sums), n
 print(*counts)
 """
 
@@ -102,6 +115,43 @@ def test_the_worker_follows_torch_set_num_threads():
     one, two = map(int, result.stdout.split())
     assert one == 1, f"the worker started {one - 1} OpenMP helpers under set_num_threads(1)"
     assert two == 2, f"{two} worker threads under set_num_threads(2)"
+
+
+# A worker that has had no work for a few ms gives back the OpenMP team its
+# kernels made (device/fake/idle_thread_teams.h): libgomp counts every
+# team's threads, and with the host's and the worker's over the CPU count
+# it makes all of them sleep between parallel regions, so an idle device
+# would slow the host's own CPU ops. Twice: the next large kernel makes a
+# team again and computes the CPU's bits on it.
+_IDLE_WORKER_GIVES_TEAM_BACK = _WORKER_THREADS + r"""
+import time, torch, torch_phantom
+torch.set_num_threads(2)
+x = torch.randn(4_000_000, generator=torch.Generator().manual_seed(0))
+xd = x.to("phantom")
+torch.phantom.synchronize()
+results = []
+for _ in range(2):
+    sums = []
+    busy = team_after(lambda: sums.append(xd.sum()))
+    deadline = time.monotonic() + 10
+    while worker_threads() > 1 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    idle = worker_threads()
+    results += [busy, idle, all(torch.equal(got.cpu(), x.sum()) for got in sums)]
+print(*results)
+"""
+
+
+@needs_threads
+def test_an_idle_worker_gives_its_openmp_team_back():
+    result = run_python(_IDLE_WORKER_GIVES_TEAM_BACK)
+    assert result.returncode == 0, result.stderr
+    busy1, idle1, same1, busy2, idle2, same2 = result.stdout.split()
+    assert int(busy1) == 2 and int(busy2) == 2, "a large sum ran without a team"
+    # Without the release the helper lives as long as the worker.
+    assert int(idle1) == 1, f"{int(idle1) - 1} OpenMP helpers left on an idle worker"
+    assert int(idle2) == 1, f"{int(idle2) - 1} OpenMP helpers left on an idle worker"
+    assert same1 == same2 == "True", "a sum on the team differs from the CPU's"
 
 
 _SAME_WIDTH_INT = {2: torch.int16, 4: torch.int32, 8: torch.int64}
