@@ -19,9 +19,13 @@
 // poll (spin_wait.h) releases its team (omp_pause_resource_all: the
 // calling thread's pool, nothing else's), and the next parallel kernel it
 // runs makes a new one. Releasing and making a team again costs ~100 us
-// (a thread joined, a thread created), so the delay keeps the team
-// through the short gaps of a busy program, and a gap long enough to
-// release it is many times what that costs. While the device is busy
+// (a thread joined, a thread created), and a new helper thread starts
+// wherever the OS puts it, which is not always where the old one had
+// settled: a program alternating ~10 ms of CPU steps with ~10 ms of
+// phantom steps ran some of its phantom steps twice as slowly when the
+// team went after 5 ms idle. So the team stays through the gaps of a busy
+// program, and goes in a pause of 50 ms, which is what a host phase of
+// its own (an evaluation on the CPU, a data pass) takes. While the device is busy
 // nothing changes: its team and the host's may both exist, and then they
 // sleep between regions, which also keeps the worker's team from spinning
 // on the core the host thread dispatches from.
@@ -37,8 +41,8 @@
 namespace phantom::fake {
 
 // How long a sleeping worker finds no work before it releases its OpenMP
-// team (after kIdlePollBudget of polling: ~5 ms idle in all).
-constexpr std::chrono::milliseconds kTeamReleaseDelay{4};
+// team (after kIdlePollBudget of polling).
+constexpr std::chrono::milliseconds kTeamReleaseDelay{50};
 
 // Releases the calling thread's OpenMP team, if the process has loaded
 // libgomp and the thread has one; a no-op inside a parallel region.
