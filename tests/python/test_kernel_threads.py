@@ -2,7 +2,8 @@
 the stream worker (device/hostexec/phantom/KernelThreads.h): no OpenMP team is woken
 for them, larger kernels still get one, and the answers are the CPU's bits
 computed on all of its threads. A worker left idle gives its team back
-(device/fake/idle_thread_teams.h)."""
+(device/fake/idle_thread_teams.h), and the host-side checks of a call run
+on one thread, so no other thread gets a team for device work."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -152,6 +153,51 @@ def test_an_idle_worker_gives_its_openmp_team_back():
     assert int(idle1) == 1, f"{int(idle1) - 1} OpenMP helpers left on an idle worker"
     assert int(idle2) == 1, f"{int(idle2) - 1} OpenMP helpers left on an idle worker"
     assert same1 == same2 == "True", "a sum on the team differs from the CPU's"
+
+
+# The host-side checks of a call (the generic path's trial run, a native
+# kernel's admission probe) run the CPU kernel on the dispatching thread
+# on one OpenMP thread: in backward that thread is autograd's device
+# thread, and a parallel region there would give it an OpenMP team of its
+# own, kept for the process's life, which keeps libgomp's teams asleep
+# between regions (more pooled threads than CPUs). Three SGD steps of a
+# small MLP run nll_loss_backward's trial and log_softmax backward's
+# probe there; the parameters must still be the CPU's.
+_AUTOGRAD_THREAD_WITHOUT_TEAM = r"""
+import os, torch, torch_phantom
+torch.set_num_threads(2)
+def train(device):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(),
+                                torch.nn.Linear(64, 5)).to(device)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(32, 20, generator=g).to(device)
+    y = torch.randint(0, 5, (32,), generator=g).to(device)
+    for _ in range(3):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    return [p.detach().cpu() for p in model.parameters()]
+on_phantom = train("phantom")
+names = [open(f"/proc/self/task/{t}/comm").read().strip()
+         for t in os.listdir("/proc/self/task")]
+autograd = [n for n in names if n.startswith("pt_autograd_")]
+same = all(torch.equal(a, b) for a, b in zip(on_phantom, train("cpu")))
+print(len(autograd), len(set(autograd)), same)
+"""
+
+
+@needs_threads
+def test_autograd_device_threads_make_no_openmp_team():
+    result = run_python(_AUTOGRAD_THREAD_WITHOUT_TEAM)
+    assert result.returncode == 0, result.stderr
+    threads, devices, same = result.stdout.split()
+    # One thread per device: an OpenMP helper would carry its name too.
+    assert int(devices) >= 1, "backward ran on no autograd device thread"
+    assert int(threads) == int(devices), (
+        f"{int(threads) - int(devices)} OpenMP helpers on autograd's device threads")
+    assert same == "True", "the parameters differ from the CPU's"
 
 
 _SAME_WIDTH_INT = {2: torch.int16, 4: torch.int32, 8: torch.int64}

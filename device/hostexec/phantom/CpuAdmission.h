@@ -33,6 +33,8 @@
 // errors on every accelerator and are not checked here.
 #pragma once
 
+#include <phantom/KernelThreads.h>
+
 #include <ATen/core/Tensor.h>
 #include <c10/core/Scalar.h>
 
@@ -117,6 +119,10 @@ class CpuAdmission {
   template <typename Probe>
   static bool runProbe(Probe&& probe) {
     try {
+      // On one OpenMP thread: only whether it raises counts, and a
+      // parallel region would give the dispatching thread an OpenMP team
+      // of its own (KernelThreads.h).
+      const OneThreadScope one_thread(true);
       probe();
       return true;
     } catch (const std::exception&) {

@@ -37,6 +37,7 @@
 #include <phantom/ops/GenericPath.h>
 #include <phantom/ops/MetaMirror.h>
 #include <phantom/ops/RememberedOutputs.h>
+#include <phantom/KernelThreads.h>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/Tensor.h>
@@ -124,6 +125,11 @@ class TrialRun {
       return false;
     }
     try {
+      // On one OpenMP thread: a trial's outputs are read for their
+      // geometry, never their values, and a parallel region here would
+      // give the dispatching thread (autograd's device thread in
+      // backward) an OpenMP team of its own (KernelThreads.h).
+      const OneThreadScope one_thread(true);
       if (op.hasKernelForDispatchKey(c10::DispatchKey::CPU)) {
         op.callBoxedForDispatchKey(c10::DispatchKey::CPU, stack_);
       } else {
