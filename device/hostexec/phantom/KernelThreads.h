@@ -44,6 +44,11 @@ bool runsOnOneThread(const c10::OperatorName& op, c10::ArrayRef<c10::IValue> arg
 
 // While alive, kernels on this thread run on one OpenMP thread (when
 // `active`); the thread's own count comes back at the end of the scope.
+// Also taken by the host-side checks that run a CPU kernel only for its
+// outputs' geometry or its errors (the generic path's trial run, the
+// admission probes): on the dispatching thread, a parallel region would
+// give that thread an OpenMP team for device work (autograd's device
+// thread, in backward), which libgomp counts against the CPUs.
 class OneThreadScope {
  public:
   explicit OneThreadScope(bool active);
