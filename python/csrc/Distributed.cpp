@@ -66,6 +66,7 @@ PYBIND11_MODULE(_c10d, m) {
     py::dict out;
     out["zero_copy"] = counts.zero_copy;
     out["staged"] = counts.staged;
+    out["small"] = counts.small;
     return out;
   });
 

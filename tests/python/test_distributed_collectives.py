@@ -27,6 +27,9 @@ def _reduction_checks():
 
 REDUCTIONS = _reduction_checks() + [
     "all_reduce[complex64-sum]",
+    "all_reduce[order-float32-sum]",
+    "all_reduce[order-bfloat16-avg]",
+    "all_reduce[order-float64-product]",
     "all_reduce[empty]",
     "all_reduce[chunked-sum]",
     "all_reduce[chunked-avg-bf16]",
@@ -77,6 +80,7 @@ SEMANTICS = [
 
 DISAGREEMENTS = [
     "mismatch_size",
+    "mismatch_small_and_large",
     "mismatch_dtype",
     "mismatch_op",
     "mismatch_splits",

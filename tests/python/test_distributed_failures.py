@@ -4,7 +4,9 @@ the collective and the rank at fault, and nothing hangs or leaks.
 Each case is one process group (distributed_workers/failures.py). For a
 dead rank and a device fault the group's timeout is 60 s and the harness
 kills the group after 45 s: passing shows the survivors did not wait for
-the timeout. For a hung rank the timeout is 3 s.
+the timeout. For a hung rank the timeout is 3 s. Each case runs with
+256 KiB all_reduces and with small ones (64 bytes, carried in the
+agreement message).
 """
 
 import pytest
@@ -12,23 +14,28 @@ import pytest
 from distributed_harness import run_group
 
 
+@pytest.fixture(scope="module", params=["large", "small"])
+def size(request):
+    return request.param
+
+
 def survivors(outcomes, exclude):
     return [o for o in outcomes if o.rank not in exclude]
 
 
 @pytest.fixture(scope="module")
-def dead():
-    return run_group("failures", 3, timeout=45, args=("dead",), expect_success=False)
+def dead(size):
+    return run_group("failures", 3, timeout=45, args=("dead", size), expect_success=False)
 
 
 @pytest.fixture(scope="module")
-def hung():
-    return run_group("failures", 3, timeout=45, args=("hung",))
+def hung(size):
+    return run_group("failures", 3, timeout=45, args=("hung", size))
 
 
 @pytest.fixture(scope="module")
-def fault():
-    return run_group("failures", 2, timeout=45, args=("fault",))
+def fault(size):
+    return run_group("failures", 2, timeout=45, args=("fault", size))
 
 
 def test_a_dead_rank_makes_the_others_raise_naming_it(dead):
@@ -55,7 +62,7 @@ def test_an_injected_device_fault_surfaces_on_every_rank(fault):
 
 
 @pytest.mark.parametrize("case", ["dead", "hung", "fault"])
-def test_after_a_failure_the_group_refuses_and_no_device_memory_leaks(case, request):
+def test_after_a_failure_the_group_refuses_and_no_device_memory_leaks(case, size, request):
     outcomes = request.getfixturevalue(case)
     at_fault = {"dead": {2}, "hung": {2}, "fault": set()}[case]
     for o in survivors(outcomes, at_fault):

@@ -70,10 +70,10 @@ std::string describeCall(const CallRecord& call) {
   return out.str();
 }
 
-at::Tensor collectiveFingerprint(const Job& job) {
-  at::Tensor words = at::empty({kFingerprintWords}, at::kLong);
-  int64_t* w = words.data_ptr<int64_t>();
-  std::memset(w, 0, sizeof(int64_t) * kFingerprintWords);
+at::Tensor agreementSlot(const Job& job) {
+  at::Tensor slot = at::empty({static_cast<int64_t>(kSlotBytes)}, at::kByte);
+  std::memset(slot.data_ptr(), 0, kSlotBytes);
+  auto* w = static_cast<int64_t*>(slot.data_ptr());
   w[0] = kFingerprintMagic;
   w[1] = static_cast<int64_t>(job.collective);
   int64_t hash = static_cast<int64_t>(0xcbf29ce484222325ULL);
@@ -96,15 +96,26 @@ at::Tensor collectiveFingerprint(const Job& job) {
   }
   w[2] = calls;
   w[7] = hash;
-  return words;
+  return slot;
+}
+
+uint8_t* slotPayload(const at::Tensor& slot) {
+  return static_cast<uint8_t*>(slot.data_ptr()) + kFingerprintBytes;
+}
+
+const uint8_t* gatheredPayload(const at::Tensor& gathered, int rank) {
+  return static_cast<const uint8_t*>(gathered.const_data_ptr()) +
+         rank * kSlotBytes + kFingerprintBytes;
 }
 
 void checkFingerprints(const Job& job, int size) {
-  const int64_t* all = job.fingerprints.const_data_ptr<int64_t>();
+  const auto* base = static_cast<const uint8_t*>(job.slots.const_data_ptr());
+  const auto words = [&](int r) {
+    return reinterpret_cast<const int64_t*>(base + r * kSlotBytes);
+  };
   bool agree = true;
   for (int r = 1; r < size && agree; ++r) {
-    agree = std::memcmp(all, all + r * kFingerprintWords,
-                        sizeof(int64_t) * kFingerprintWords) == 0;
+    agree = std::memcmp(words(0), words(r), kFingerprintBytes) == 0;
   }
   if (agree) {
     return;
@@ -113,7 +124,7 @@ void checkFingerprints(const Job& job, int size) {
   out << "the ranks disagree on this collective, so no data was exchanged:";
   for (int r = 0; r < size; ++r) {
     out << (r == 0 ? " " : "; ") << "rank " << r << " called "
-        << describeWords(all + r * kFingerprintWords);
+        << describeWords(words(r));
   }
   out << ". Every rank must make the same collective calls, in the same "
          "order, with the same element count and dtype";

@@ -8,12 +8,22 @@
 // number), gathered over the control backend; a receive also gets a header
 // from its sender. A difference is an error on every rank, naming each
 // rank's call, and no data is exchanged.
+//
+// The fingerprint travels in a slot of fixed size, kSlotBytes, whatever the
+// call: the first kFingerprintWords words, then kSmallJobBytes of payload.
+// Fixed, because the ranks cannot yet know that they agree on anything
+// else. A small job (StagingJob.h) puts its whole input in the payload, and
+// its agreement message is then also its data exchange: each rank finishes
+// the collective from the gathered slots by itself, so a small all_reduce
+// costs one Gloo exchange instead of two, one after the other.
 #pragma once
 
 #include "StagingJob.h"
 
 #include <ATen/Tensor.h>
 
+#include <cstddef>
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 
@@ -27,15 +37,27 @@ struct DisagreementError : std::runtime_error {
 
 constexpr int64_t kFingerprintWords = 8;
 constexpr int64_t kHeaderWords = 4;
+// A job moving at most this much host memory is small (carried in its
+// slot): the 5 KB of gradients of a small model's one DDP bucket, a
+// logged loss, a barrier.
+constexpr size_t kSmallJobBytes = size_t{8} << 10;
+constexpr size_t kFingerprintBytes = kFingerprintWords * sizeof(int64_t);
+constexpr size_t kSlotBytes = kFingerprintBytes + kSmallJobBytes;
 
 // "all_reduce of 1000 x float32 (sum)", "broadcast of 16 x int64 from rank 0".
 std::string describeCall(const CallRecord& call);
 
-// This rank's fingerprint of the job's collective calls (int64 CPU tensor).
-at::Tensor collectiveFingerprint(const Job& job);
+// This rank's slot for the job (a uint8 CPU tensor of kSlotBytes): the
+// fingerprint of its collective calls, then a zeroed payload.
+at::Tensor agreementSlot(const Job& job);
 
-// Throws DisagreementError naming every rank's call if the gathered
-// fingerprints (job.fingerprints, size x kFingerprintWords) differ.
+// The payload of a slot: this rank's own (`slot`), or rank r's among the
+// gathered slots (`gathered`, size x kSlotBytes).
+uint8_t* slotPayload(const at::Tensor& slot);
+const uint8_t* gatheredPayload(const at::Tensor& gathered, int rank);
+
+// Throws DisagreementError naming every rank's call if the fingerprints in
+// the gathered slots (job.slots) differ.
 void checkFingerprints(const Job& job, int size);
 
 // The header a send carries to its receiver, and the receiver's check.

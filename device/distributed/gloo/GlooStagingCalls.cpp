@@ -136,6 +136,42 @@ at::Tensor viewOf(const KernelViews& views, const void* device, int64_t count,
   return at::from_blob(views.at(device), {count}, at::TensorOptions().dtype(dtype));
 }
 
+// Whether ranks.size() ranks' values reduce to Gloo's bits in any order:
+// always for two (each op is commutative), for integers and for min and
+// max; not for a float sum or product over three or more, which Gloo adds
+// in its ring's order.
+bool orderFree(c10::ScalarType dtype, ReduceOp op, int ranks) {
+  return ranks <= 2 || !c10::isFloatingType(dtype) || op == ReduceOp::Min ||
+         op == ReduceOp::Max;
+}
+
+// A small job's reduction (Step::combine): `n` elements at `offset` of
+// every rank's block, reduced in rank order into `host`, as Gloo's
+// functions reduce them (an average is Gloo's sum divided by the size).
+void combineReduction(uint8_t* host, const std::vector<const uint8_t*>& ranks,
+                      size_t offset, int64_t n, c10::ScalarType dtype, ReduceOp op) {
+  at::Tensor out = hostView(host, offset, n, dtype);
+  const auto in = [&](size_t r) {
+    return hostView(const_cast<uint8_t*>(ranks[r]), offset, n, dtype);
+  };
+  out.copy_(in(0));
+  for (size_t r = 1; r < ranks.size(); ++r) {
+    switch (op) {
+      case ReduceOp::Sum:
+      case ReduceOp::Avg: out.add_(in(r)); break;
+      case ReduceOp::Product: out.mul_(in(r)); break;
+      case ReduceOp::Min: at::minimum_out(out, out, in(r)); break;
+      case ReduceOp::Max: at::maximum_out(out, out, in(r)); break;
+      case ReduceOp::BitwiseAnd: out.bitwise_and_(in(r)); break;
+      case ReduceOp::BitwiseOr: out.bitwise_or_(in(r)); break;
+      case ReduceOp::BitwiseXor: out.bitwise_xor_(in(r)); break;
+    }
+  }
+  if (op == ReduceOp::Avg) {
+    out.div_(static_cast<int64_t>(ranks.size()));
+  }
+}
+
 // Queued on a stream a job is ordered after: sets the job's mark when the
 // stream gets there, or when the stream drops it (a failed stream).
 struct MarkReady {
@@ -323,6 +359,12 @@ void GlooStagingCommunicator::allReduce(const DeviceBuffer& send,
                 works.push_back(
                     glooAllReduce(*data(), hostView(host, offset, n, dtype), op));
               };
+              if (orderFree(send.dtype, op, config_.size)) {
+                step.combine = [offset, n = n, dtype = send.dtype, op](
+                                   uint8_t* host, const auto& ranks) {
+                  combineReduction(host, ranks, offset, n, dtype, op);
+                };
+              }
               job.steps.push_back(std::move(step));
             }
             // Zero-copy: Gloo reduces the whole buffer in place, as it does a
@@ -360,6 +402,10 @@ void GlooStagingCommunicator::broadcast(const DeviceBuffer& buffer, int root,
                     *data(), hostView(host, offset, static_cast<int64_t>(bytes), c10::kByte),
                     root));
               };
+              step.combine = [offset, bytes = n * es, root](uint8_t* host,
+                                                            const auto& ranks) {
+                std::memcpy(host + offset, ranks[root] + offset, bytes);
+              };
               job.steps.push_back(std::move(step));
             }
             job.views.need(buffer.data, buffer.bytes());
@@ -396,6 +442,16 @@ void GlooStagingCommunicator::reduce(const DeviceBuffer& send,
                 options.rootRank = root;
                 works.push_back(data()->reduce(tensors, options));
               };
+              // Every rank or none: whether a job is small must not depend
+              // on the rank.
+              if (orderFree(send.dtype, op, config_.size)) {
+                step.combine = [offset, n = n, dtype = send.dtype, op, is_root](
+                                   uint8_t* host, const auto& ranks) {
+                  if (is_root) {  // a non-root keeps its input
+                    combineReduction(host, ranks, offset, n, dtype, op);
+                  }
+                };
+              }
               job.steps.push_back(std::move(step));
             }
             // Staged only: Gloo's reduce uses a non-root's buffer as scratch
@@ -420,6 +476,12 @@ void GlooStagingCommunicator::allGather(const DeviceBuffer& send,
               at::Tensor in = hostView(host, base, in_bytes, c10::kByte);
               at::Tensor out = hostView(host, out_offset, out_bytes, c10::kByte);
               works.push_back(data()->_allgather_base(out, in));
+            };
+            step.combine = [base, out_offset, in_bytes](uint8_t* host,
+                                                        const auto& ranks) {
+              for (size_t r = 0; r < ranks.size(); ++r) {
+                std::memcpy(host + out_offset + r * in_bytes, ranks[r] + base, in_bytes);
+              }
             };
             job.steps.push_back(std::move(step));
             job.views.need(send.data, in_bytes);
@@ -684,7 +746,20 @@ void GlooStagingCommunicator::submitPending() {
   if (collective) {
     diagnosis_.called(job->collective, job->label);
   }
-  startAgreement(*job);
+  job->small = !job->zero_copy && job->host_bytes <= kSmallJobBytes &&
+               std::all_of(job->steps.begin(), job->steps.end(),
+                           [](const Step& step) { return bool(step.combine); });
+  {
+    // The agreement messages go out in call order, the same on every rank.
+    // A small job's carries its data, so the communicator's thread sends it
+    // once the data is on the host, and those of the jobs after it then.
+    std::lock_guard<std::mutex> lock(agreement_mutex_);
+    if (job->small || !unsent_.empty()) {
+      unsent_.push_back(job);
+    } else {
+      startAgreement(*job);
+    }
+  }
   // The fault injector counts a collective as one kernel of its stream, as
   // an NCCL collective is one kernel: fail_kernel(k) can hit it.
   job->prologue = [] {};
@@ -692,8 +767,8 @@ void GlooStagingCommunicator::submitPending() {
   try {
     queueStreamTask(job);
   } catch (const std::exception& e) {
-    // The agreement has gone out: peers will wait for this job, so it still
-    // goes to the thread, which breaks the communicator.
+    // The agreement has gone out, or will: peers will wait for this job, so
+    // it still goes to the thread, which breaks the communicator.
     job->submit_error = messageOf(e);
     {
       std::lock_guard<std::mutex> lock(queue_mutex_);
@@ -727,9 +802,11 @@ void GlooStagingCommunicator::startAgreement(Job& job) {
     }
   }
   if (collective) {
-    at::Tensor mine = collectiveFingerprint(job);
-    job.fingerprints = at::empty({config_.size * kFingerprintWords}, at::kLong);
-    job.fingerprint_work = backend->_allgather_base(job.fingerprints, mine);
+    if (!job.slot.defined()) {
+      job.slot = agreementSlot(job);
+    }
+    job.slots = at::empty({config_.size * static_cast<int64_t>(kSlotBytes)}, at::kByte);
+    job.fingerprint_work = backend->_allgather_base(job.slots, job.slot);
   }
   for (Job::SplitCheck& check : job.split_checks) {
     at::Tensor mine = at::empty({2 * config_.size}, at::kLong);
@@ -738,6 +815,26 @@ void GlooStagingCommunicator::startAgreement(Job& job) {
     std::copy(check.recv_counts.begin(), check.recv_counts.end(), words + config_.size);
     check.gathered = at::empty({2 * config_.size * config_.size}, at::kLong);
     check.work = backend->_allgather_base(check.gathered, mine);
+  }
+  job.agreement_sent = true;
+}
+
+void GlooStagingCommunicator::sendSmallAgreement(Job& job) {
+  std::lock_guard<std::mutex> lock(agreement_mutex_);
+  if (unsent_.empty() || unsent_.front().get() != &job) {
+    throw std::runtime_error(
+        "the communicator broke before this collective's message was sent");
+  }
+  unsent_.pop_front();
+  startAgreement(job);
+  // Then the jobs queued behind it, up to the next small one. One that
+  // cannot send (a broken communicator) stays unsent and fails when run.
+  try {
+    while (!unsent_.empty() && !unsent_.front()->small) {
+      startAgreement(*unsent_.front());
+      unsent_.pop_front();
+    }
+  } catch (const std::exception&) {
   }
 }
 

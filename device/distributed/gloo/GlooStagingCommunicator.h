@@ -103,12 +103,16 @@ class GlooStagingCommunicator final : public ccl::Communicator {
   std::string labelOf(const Job& job) const;
   void submitPending();
   void startAgreement(Job& job);
+  // On the communicator's thread: a small job's agreement (its slot filled),
+  // then those of the jobs queued behind it (unsent_).
+  void sendSmallAgreement(Job& job);
   void queueStreamTask(const std::shared_ptr<Job>& job);
 
   // --- the communicator's thread (GlooStagingThread.cpp) ---
   void serve();
   void run(const std::shared_ptr<Job>& job);
   void runStaged(Job& job, Cause& cause);
+  void runSmall(Job& job, Cause& cause);
   void waitForDirect();
   // --- a zero-copy job's stream task (GlooStagingThread.cpp) ---
   void runDirect(Job& job);
@@ -150,6 +154,12 @@ class GlooStagingCommunicator final : public ccl::Communicator {
   std::mutex direct_mutex_;
   std::condition_variable direct_done_;
   size_t direct_outstanding_ = 0;
+
+  // Jobs whose agreement message has not gone out, in call order: a small
+  // job waiting for its data, and the jobs queued behind it. Messages are
+  // sent under the mutex, by the calling thread or the communicator's.
+  std::mutex agreement_mutex_;
+  std::deque<std::shared_ptr<Job>> unsent_;
 
   std::mutex queue_mutex_;
   std::condition_variable queue_cv_;

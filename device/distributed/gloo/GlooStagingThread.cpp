@@ -68,11 +68,12 @@ void waitAll(GlooWorks& works) {
 
 std::atomic<uint64_t> zero_copy_jobs{0};
 std::atomic<uint64_t> staged_jobs{0};
+std::atomic<uint64_t> small_jobs{0};
 
 }  // namespace
 
 DataPathCounts dataPathCounts() {
-  return {zero_copy_jobs.load(), staged_jobs.load()};
+  return {zero_copy_jobs.load(), staged_jobs.load(), small_jobs.load()};
 }
 
 void GlooStagingCommunicator::serve() {
@@ -116,6 +117,11 @@ void GlooStagingCommunicator::run(const std::shared_ptr<Job>& shared) {
     }
     job.prologue();  // the fault injector's kernel
     cause = Cause::Exchange;
+    if (job.small) {
+      runSmall(job, cause);
+      end(job);
+      return;
+    }
     waitForAgreement(job);
     if (job.zero_copy) {
       // A zero-copy job on another stream than the last is not ordered
@@ -238,7 +244,36 @@ void GlooStagingCommunicator::runStaged(Job& job, Cause& cause) {
   }
 }
 
+// A small job needs no data backend, and no zero-copy job before it to
+// end: its exchange is its agreement message (Agreement.h), on the control
+// backend, which keeps call order by itself.
+void GlooStagingCommunicator::runSmall(Job& job, Cause& cause) {
+  small_jobs.fetch_add(1, std::memory_order_relaxed);
+  job.slot = agreementSlot(job);
+  uint8_t* mine = slotPayload(job.slot);
+  cause = Cause::Local;
+  for (const Step& step : job.steps) {
+    copyIn(step, mine);
+  }
+  cause = Cause::Exchange;
+  sendSmallAgreement(job);
+  waitForAgreement(job);
+  std::vector<const uint8_t*> ranks(config_.size);
+  for (int r = 0; r < config_.size; ++r) {
+    ranks[r] = gatheredPayload(job.slots, r);
+  }
+  cause = Cause::Local;
+  for (const Step& step : job.steps) {
+    step.combine(mine, ranks);  // the slot has been sent: reused for the result
+    copyOut(step, mine);
+  }
+}
+
 void GlooStagingCommunicator::waitForAgreement(Job& job) {
+  if (!job.agreement_sent) {
+    throw std::runtime_error(
+        "the communicator broke before this collective's message was sent");
+  }
   for (auto& work : job.outgoing_headers) {
     work->wait();
   }
@@ -335,6 +370,11 @@ void GlooStagingCommunicator::breakCommunicator(const std::string& reason) {
     broken_.store(true);
     data = std::move(data_);
     control = std::move(control_);
+  }
+  {
+    // Their messages will not go out; they fail when run.
+    std::lock_guard<std::mutex> lock(agreement_mutex_);
+    unsent_.clear();
   }
   // Destroying the backends closes their connections: peers waiting in
   // this collective fail now rather than at their timeout. Data first: a

@@ -109,6 +109,12 @@ struct Step {
   // Starts the exchange over the pinned block `base` on the data backend
   // and appends the Gloo works to wait for.
   std::function<void(uint8_t* base, GlooWorks& works)> exchange;
+  // The same exchange finished locally, for a small job: `ranks[r]` is
+  // rank r's copy of the block (from the gathered agreement slots), and
+  // the result goes into this rank's `base`. Empty for a call that has no
+  // such form, or whose result would not be Gloo's bits (a float sum over
+  // three or more ranks: Gloo adds in its ring's order).
+  std::function<void(uint8_t* base, const std::vector<const uint8_t*>& ranks)> combine;
   bool point_to_point = false;  // merged with the group's other sends/recvs
 };
 
@@ -178,10 +184,19 @@ struct Job {
   // all are reached.
   std::vector<std::shared_ptr<ReadyMark>> ready;
 
-  // Agreement: the gathered collective fingerprints, and the headers of the
-  // point-to-point messages this rank receives (control backend).
+  // Small (Agreement.h): every step has a combine and the job moves at
+  // most kSmallJobBytes, so its data travels in its agreement slot and no
+  // data backend call is made. Decided when the job is queued.
+  bool small = false;
+
+  // Agreement: this rank's slot and the gathered slots, and the headers of
+  // the point-to-point messages this rank receives (control backend).
+  // `agreement_sent` once those calls are made (on the calling thread, or
+  // on the communicator's thread for a small job and those queued after it).
+  bool agreement_sent = false;
   c10::intrusive_ptr<c10d::Work> fingerprint_work;
-  at::Tensor fingerprints;  // size x kFingerprintWords int64
+  at::Tensor slot;   // kSlotBytes
+  at::Tensor slots;  // size x kSlotBytes
   struct IncomingHeader {
     size_t call;  // index into `calls`
     c10::intrusive_ptr<c10d::Work> work;

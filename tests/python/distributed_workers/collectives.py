@@ -95,6 +95,32 @@ def check_complex():
 
 
 checks.run("all_reduce[complex64-sum]", check_complex)
+
+
+def check_float_sum_in_gloos_order(dtype, op):
+    # Values whose sum depends on the order of the additions: a small job
+    # (at most 8 KiB, reduced by each rank from the gathered copies) must
+    # still give Gloo's bits, so at world 3 a float sum or product stages
+    # (Gloo adds in its ring's order) while at world 2 it is small.
+    from torch_phantom import _c10d
+
+    g = torch.Generator().manual_seed(99 + RANK)
+    cpu = torch.randn(256, generator=g).mul(10.0 ** torch.randint(-4, 5, (256,), generator=g))
+    cpu = cpu.to(dtype)
+    ph = cpu.to(DEV)
+    dist.all_reduce(cpu, op=REDUCE_OPS[op])
+    torch.phantom.synchronize(DEV)
+    before = _c10d._data_path_counts()
+    dist.all_reduce(ph, op=REDUCE_OPS[op])
+    torch.phantom.synchronize(DEV)
+    small = _c10d._data_path_counts()["small"] - before["small"]
+    assert_equal(ph, cpu, f"{dtype} {op} of mixed magnitudes")
+    assert small == (1 if WORLD == 2 else 0), f"small jobs: {small}"
+
+
+for dtype, op in [(torch.float32, "sum"), (torch.bfloat16, "avg"), (torch.float64, "product")]:
+    checks.run(f"all_reduce[order-{str(dtype)[6:]}-{op}]",
+               functools.partial(check_float_sum_in_gloos_order, dtype, op))
 checks.run("all_reduce[empty]", lambda: check_all_reduce(torch.float32, "sum", 0))
 # 12 MB: the chunked, pipelined path; an odd count so the last chunk is short.
 checks.run("all_reduce[chunked-sum]", lambda: check_all_reduce(torch.float32, "sum", 3_000_001))
@@ -575,6 +601,10 @@ def mismatch(kind):
     if kind == "size":
         t = torch.ones(1000 if RANK == 0 else 2000, device=DEV)
         call = lambda: dist.all_reduce(t, group=group)  # noqa: E731
+    elif kind == "small_and_large":
+        # 4 KB travels in the agreement message; 80 KB needs the data backend.
+        t = torch.ones(1000 if RANK == 0 else 20000, device=DEV)
+        call = lambda: dist.all_reduce(t, group=group)  # noqa: E731
     elif kind == "dtype":
         t = torch.ones(10, device=DEV, dtype=torch.float32 if RANK == 0 else torch.float64)
         call = lambda: dist.all_reduce(t, group=group)  # noqa: E731
@@ -601,6 +631,12 @@ def check_size_mismatch():
     assert "rank 1 called all_reduce of 2000 x Float" in message, message
 
 
+def check_small_and_large_mismatch():
+    message = mismatch("small_and_large")
+    assert "rank 0 called all_reduce of 1000 x Float" in message, message
+    assert f"rank {WORLD - 1} called all_reduce of 20000 x Float" in message, message
+
+
 def check_dtype_mismatch():
     message = mismatch("dtype")
     assert "rank 1 called all_reduce of 10 x Double" in message, message
@@ -617,6 +653,7 @@ def check_split_mismatch():
 
 
 checks.run("mismatch_size", check_size_mismatch)
+checks.run("mismatch_small_and_large", check_small_and_large_mismatch)
 checks.run("mismatch_dtype", check_dtype_mismatch)
 checks.run("mismatch_op", check_op_mismatch)
 checks.run("mismatch_splits", check_split_mismatch)

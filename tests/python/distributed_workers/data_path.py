@@ -6,7 +6,10 @@ zero-copy: Gloo works on the device memory in place, through the view.
 Without one (PHANTOM_FAKE_NO_KERNEL_VIEW=1, the remote driver, a discrete
 device) it stages through pinned host memory. A collective moving less than
 64 KiB always stages, and so does reduce (Gloo's reduce uses a non-root's
-buffer as scratch), and a coalesced group that contains one. The zero-copy
+buffer as scratch), and a coalesced group that contains one; except that a
+job moving at most 8 KiB whose calls have a local form (all_reduce,
+broadcast, reduce, all_gather) is small: its data travels in its agreement
+message, and each rank finishes it from the gathered copies. The zero-copy
 checks move 1 MiB or more. Each check reports the job counts the collective added
 (torch_phantom._c10d._data_path_counts) next to the driver's answer, and
 checks the result on every rank.
@@ -115,8 +118,81 @@ def coalesced_with_reduce():
     assert_equal(b, torch.full((N,), float(expected)), "coalesced reduce")
 
 
+# --- small jobs (at most 8 KiB): the data travels in the agreement message ---
+
+
+def small_all_reduce_max():
+    t = torch.tensor([RANK, -RANK, 7, 1 << 40], dtype=torch.int64, device=DEV)
+    ran("small_all_reduce_max", lambda: dist.all_reduce(t, op=dist.ReduceOp.MAX))
+    assert_equal(t, torch.tensor([WORLD - 1, 0, 7, 1 << 40]), "small all_reduce max")
+
+
+def all_reduce_9KiB():
+    # Just over the limit: staged.
+    t = torch.full((2304,), float(RANK + 1), device=DEV)
+    ran("all_reduce_9KiB", lambda: dist.all_reduce(t))
+    assert_equal(t, torch.full((2304,), float(WORLD * (WORLD + 1) // 2)), "9 KiB all_reduce")
+
+
+def small_broadcast():
+    t = torch.arange(100, dtype=torch.int16, device=DEV) * (RANK + 1)
+    ran("small_broadcast", lambda: dist.broadcast(t, src=WORLD - 1))
+    assert_equal(t, torch.arange(100, dtype=torch.int16) * WORLD, "small broadcast")
+
+
+def small_all_gather():
+    mine = torch.full((5,), RANK + 1, dtype=torch.uint8, device=DEV)
+    outs = [torch.empty(5, dtype=torch.uint8, device=DEV) for _ in range(WORLD)]
+    ran("small_all_gather", lambda: dist.all_gather(outs, mine))
+    for r, out in enumerate(outs):
+        assert_equal(out, torch.full((5,), r + 1, dtype=torch.uint8), f"gathered from rank {r}")
+
+
+def small_reduce():
+    t = torch.full((10,), float(RANK + 1), dtype=torch.float64, device=DEV)
+    ran("small_reduce", lambda: dist.reduce(t, dst=WORLD - 1, op=dist.ReduceOp.PRODUCT))
+    expected = float(torch.arange(1, WORLD + 1).prod()) if RANK == WORLD - 1 else RANK + 1
+    assert_equal(t, torch.full((10,), expected, dtype=torch.float64), "small reduce")
+
+
+def small_coalesced():
+    a = torch.ones(3, device=DEV)
+    b = torch.full((4,), RANK + 1, dtype=torch.int32, device=DEV)
+
+    def both():
+        with dist._coalescing_manager(device=DEV, async_ops=True) as cm:
+            dist.all_reduce(a)
+            dist.all_reduce(b)
+        cm.wait()
+    ran("small_coalesced", both)
+    assert_equal(a, torch.full((3,), float(WORLD)), "coalesced small all_reduce")
+    assert_equal(b, torch.full((4,), WORLD * (WORLD + 1) // 2, dtype=torch.int32), "coalesced int32")
+
+
+def small_reduce_scatter():
+    # No local form: staged however small.
+    ins = torch.arange(2 * WORLD, dtype=torch.float32, device=DEV) + RANK
+    out = torch.empty(2, device=DEV)
+    ran("small_reduce_scatter", lambda: dist.reduce_scatter_tensor(out, ins))
+    rows = torch.arange(2 * WORLD, dtype=torch.float32).view(WORLD, 2)[RANK]
+    assert_equal(out, rows * WORLD + sum(range(WORLD)), "small reduce_scatter")
+
+
+def small_all_to_all():
+    ins = torch.arange(WORLD, dtype=torch.float32, device=DEV) + 10 * RANK
+    out = torch.empty(WORLD, device=DEV)
+    ran("small_all_to_all", lambda: dist.all_to_all_single(out, ins))
+    assert_equal(out, torch.arange(WORLD, dtype=torch.float32) * 10 + RANK, "small all_to_all")
+
+
+def barrier():
+    ran("barrier", lambda: dist.barrier())
+
+
 for check in (all_reduce, small_all_reduce, broadcast, all_gather_into_tensor, reduce_scatter_tensor,
-              all_to_all_single, send_recv, reduce, coalesced_with_reduce):
+              all_to_all_single, send_recv, reduce, coalesced_with_reduce, small_all_reduce_max,
+              all_reduce_9KiB, small_broadcast, small_all_gather, small_reduce, small_coalesced,
+              small_reduce_scatter, small_all_to_all, barrier):
     checks.run(check.__name__, check)
 
 checks.report(paths=paths, kernel_view=torch_phantom._C._has_kernel_view())

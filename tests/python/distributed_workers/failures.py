@@ -4,6 +4,10 @@
     failures.py hung    the last rank sleeps past the group timeout instead
     failures.py fault   rank 0's all_reduce hits an injected device fault
 
+A second argument, "small", makes the all_reduces 64 bytes: small jobs,
+whose data travels in their agreement message; by default they move
+256 KiB.
+
 The other ranks (every rank, for "fault") must raise an error that names
 the collective and the rank at fault, without waiting for the group's
 timeout when the peer is gone, and leave no device memory allocated.
@@ -20,6 +24,7 @@ from common import RANK, WORLD, device, dist, report, torch
 from torch_phantom.testing import faults
 
 MODE = sys.argv[1]
+ELEMENTS = 16 if sys.argv[2:] == ["small"] else 1 << 16
 TIMEOUT_S = 3 if MODE == "hung" else 60
 LAST = WORLD - 1
 
@@ -29,7 +34,7 @@ dist.init_process_group(
 DEV = device()
 baseline = torch.phantom.memory_allocated(DEV)
 
-t = torch.ones(1 << 16, device=DEV)
+t = torch.ones(ELEMENTS, device=DEV)
 dist.all_reduce(t)  # collective #1: everyone is here
 torch.phantom.synchronize()
 

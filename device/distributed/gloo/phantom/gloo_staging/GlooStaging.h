@@ -55,10 +55,12 @@ std::unique_ptr<ccl::Communicator> makeGlooStagingCommunicator(
 
 // How many jobs (a collective, a send or receive, or a group of calls) this
 // process's communicators ran zero-copy, over the device memory's kernel
-// view, and how many staged through pinned memory: which data path ran.
+// view, how many staged through pinned memory, and how many were small
+// enough to travel in their agreement message: which data path ran.
 struct DataPathCounts {
   uint64_t zero_copy = 0;
   uint64_t staged = 0;
+  uint64_t small = 0;
 };
 DataPathCounts dataPathCounts();
 
