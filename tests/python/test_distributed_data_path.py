@@ -59,6 +59,14 @@ def test_small_collectives_and_reduce_always_stage(group, name):
         assert o.results["paths"][name] == {"zero_copy": 0, "staged": 1, "small": 0}, f"rank {o.rank}"
 
 
+def test_small_and_larger_collectives_in_flight_together(group):
+    view, outcomes = group
+    check_named(outcomes, "mixed_sequence")
+    larger = {"zero_copy": 2, "staged": 0} if view else {"zero_copy": 0, "staged": 2}
+    for o in outcomes:
+        assert o.results["paths"]["mixed_sequence"] == {**larger, "small": 3}, f"rank {o.rank}"
+
+
 @pytest.mark.parametrize("name", SMALL)
 def test_small_collectives_travel_in_their_agreement_message(group, name):
     # One Gloo exchange instead of two: no data backend call, either way.

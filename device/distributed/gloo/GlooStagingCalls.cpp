@@ -203,7 +203,7 @@ struct JobWait {
     auto* task = static_cast<JobWait*>(self);
     Job& job = *task->job;
     task->ran = true;
-    if (job.zero_copy) {
+    if (job.run_direct) {
       job.run_direct(job);
     }
     if (!job.done.load(std::memory_order_acquire)) {
@@ -219,7 +219,7 @@ struct JobWait {
 
   static void release(void* self) {
     auto* task = static_cast<JobWait*>(self);
-    if (task->job->zero_copy) {
+    if (task->job->released) {
       task->job->released(*task->job, task->ran);
     }
     delete task;
@@ -749,6 +749,18 @@ void GlooStagingCommunicator::submitPending() {
   job->small = !job->zero_copy && job->host_bytes <= kSmallJobBytes &&
                std::all_of(job->steps.begin(), job->steps.end(),
                            [](const Step& step) { return bool(step.combine); });
+  // With a kernel view, a small job runs in its stream task, on the
+  // stream's worker (runSmallInTask): no hand-over to this communicator's
+  // thread and back.
+  const bool in_task = job->small && zero_copy_ && job->direct_capable;
+  if (in_task) {
+    {
+      std::lock_guard<std::mutex> lock(direct_mutex_);
+      ++direct_outstanding_;
+    }
+    job->run_direct = [this](Job& j) { runSmallInTask(j); };
+    job->released = [this](Job& j, bool ran) { directReleased(j, ran); };
+  }
   {
     // The agreement messages go out in call order, the same on every rank.
     // A small job's carries its data, so the communicator's thread sends it
@@ -776,6 +788,9 @@ void GlooStagingCommunicator::submitPending() {
     }
     queue_cv_.notify_one();
     throw;
+  }
+  if (in_task) {
+    return;
   }
   {
     std::lock_guard<std::mutex> lock(queue_mutex_);
@@ -820,13 +835,18 @@ void GlooStagingCommunicator::startAgreement(Job& job) {
 }
 
 void GlooStagingCommunicator::sendSmallAgreement(Job& job) {
-  std::lock_guard<std::mutex> lock(agreement_mutex_);
+  std::unique_lock<std::mutex> lock(agreement_mutex_);
+  // A small job before it, on another stream, may not have sent its own.
+  agreement_sent_cv_.wait(lock, [&] {
+    return unsent_.empty() || unsent_.front().get() == &job || broken_.load();
+  });
   if (unsent_.empty() || unsent_.front().get() != &job) {
     throw std::runtime_error(
         "the communicator broke before this collective's message was sent");
   }
   unsent_.pop_front();
   startAgreement(job);
+  agreement_sent_cv_.notify_all();
   // Then the jobs queued behind it, up to the next small one. One that
   // cannot send (a broken communicator) stays unsent and fails when run.
   try {

@@ -5,6 +5,10 @@
 // control backend (Agreement.h), counts the collective for the fault
 // injector as one kernel, queues on the stream the one task that holds it
 // until the job has ended, and hands the job to the communicator's thread.
+// A small job (at most 8 KiB) is the exception: its agreement message
+// carries its data, so it is sent once the data is on the host, and the
+// messages of the calls after it wait in unsent_ until then; with a kernel
+// view the small job runs in its stream task and never reaches the thread.
 //
 // The thread (GlooStagingThread.cpp) runs the jobs one at a time in call
 // order, the order every rank uses: it waits until the job's inputs are
@@ -113,6 +117,9 @@ class GlooStagingCommunicator final : public ccl::Communicator {
   void run(const std::shared_ptr<Job>& job);
   void runStaged(Job& job, Cause& cause);
   void runSmall(Job& job, Cause& cause);
+  void waitForInputs(const Job& job);
+  // --- a small job's stream task, with a kernel view (GlooStagingThread.cpp) ---
+  void runSmallInTask(Job& job);
   void waitForDirect();
   // --- a zero-copy job's stream task (GlooStagingThread.cpp) ---
   void runDirect(Job& job);
@@ -159,6 +166,7 @@ class GlooStagingCommunicator final : public ccl::Communicator {
   // job waiting for its data, and the jobs queued behind it. Messages are
   // sent under the mutex, by the calling thread or the communicator's.
   std::mutex agreement_mutex_;
+  std::condition_variable agreement_sent_cv_;
   std::deque<std::shared_ptr<Job>> unsent_;
 
   std::mutex queue_mutex_;

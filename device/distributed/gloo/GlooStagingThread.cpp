@@ -6,6 +6,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <cstring>
 #include <optional>
 
 #include <pthread.h>
@@ -105,16 +106,7 @@ void GlooStagingCommunicator::run(const std::shared_ptr<Job>& shared) {
       std::lock_guard<std::mutex> lock(broken_mutex_);
       throw std::runtime_error(broken_reason_);
     }
-    // The inputs are ready once the streams the job was ordered after have
-    // run their marks (a failed stream drops its mark, which also sets it:
-    // that stream reports its own error).
-    for (const auto& mark : job.ready) {
-      if (!mark->reached.load(std::memory_order_acquire)) {
-        std::unique_lock<std::mutex> lock(readiness_->mutex);
-        readiness_->changed.wait(
-            lock, [&] { return mark->reached.load(std::memory_order_acquire); });
-      }
-    }
+    waitForInputs(job);
     job.prologue();  // the fault injector's kernel
     cause = Cause::Exchange;
     if (job.small) {
@@ -146,6 +138,19 @@ void GlooStagingCommunicator::run(const std::shared_ptr<Job>& shared) {
     fail(job, cause, messageOf(e));
   }
   job.pinned.clear();
+}
+
+// The inputs are ready once the streams the job was ordered after have run
+// their marks (a failed stream drops its mark, which also sets it: that
+// stream reports its own error).
+void GlooStagingCommunicator::waitForInputs(const Job& job) {
+  for (const auto& mark : job.ready) {
+    if (!mark->reached.load(std::memory_order_acquire)) {
+      std::unique_lock<std::mutex> lock(readiness_->mutex);
+      readiness_->changed.wait(
+          lock, [&] { return mark->reached.load(std::memory_order_acquire); });
+    }
+  }
 }
 
 void GlooStagingCommunicator::waitForDirect() {
@@ -269,10 +274,66 @@ void GlooStagingCommunicator::runSmall(Job& job, Cause& cause) {
   }
 }
 
+// On the stream's worker, inside the job's stream task: runSmall's work,
+// with the device buffers reached through their kernel views.
+void GlooStagingCommunicator::runSmallInTask(Job& job) {
+  Cause cause = Cause::Local;
+  try {
+    waitForInputs(job);
+    job.prologue();  // the fault injector's kernel
+    if (broken_.load()) {
+      cause = Cause::Broken;
+      std::lock_guard<std::mutex> lock(broken_mutex_);
+      throw std::runtime_error(broken_reason_);
+    }
+    if (job.views.resolve() != PH_SUCCESS) {
+      throw std::runtime_error(
+          std::string("the driver gave no kernel view of its buffers: ") +
+          ph_last_error_message());
+    }
+    small_jobs.fetch_add(1, std::memory_order_relaxed);
+    job.slot = agreementSlot(job);
+    uint8_t* mine = slotPayload(job.slot);
+    for (const Step& step : job.steps) {
+      for (const Transfer& t : step.to_host) {
+        if (t.bytes > 0) {
+          std::memcpy(mine + t.host_offset, job.views.at(t.device), t.bytes);
+        }
+      }
+    }
+    cause = Cause::Exchange;
+    sendSmallAgreement(job);
+    waitForAgreement(job);
+    std::vector<const uint8_t*> ranks(config_.size);
+    for (int r = 0; r < config_.size; ++r) {
+      ranks[r] = gatheredPayload(job.slots, r);
+    }
+    cause = Cause::Local;
+    for (const Step& step : job.steps) {
+      step.combine(mine, ranks);
+      for (const Transfer& t : step.to_device) {
+        if (t.bytes > 0) {
+          std::memcpy(job.views.at(t.device), mine + t.host_offset, t.bytes);
+        }
+      }
+    }
+    end(job);
+  } catch (const DisagreementError& e) {
+    fail(job, Cause::Agreement, e.what());
+  } catch (const std::exception& e) {
+    fail(job, cause, messageOf(e));
+  }
+}
+
 void GlooStagingCommunicator::waitForAgreement(Job& job) {
-  if (!job.agreement_sent) {
-    throw std::runtime_error(
-        "the communicator broke before this collective's message was sent");
+  {
+    // A job queued behind a small one sends when that one does.
+    std::unique_lock<std::mutex> lock(agreement_mutex_);
+    agreement_sent_cv_.wait(lock, [&] { return job.agreement_sent || broken_.load(); });
+    if (!job.agreement_sent) {
+      throw std::runtime_error(
+          "the communicator broke before this collective's message was sent");
+    }
   }
   for (auto& work : job.outgoing_headers) {
     work->wait();
@@ -376,6 +437,7 @@ void GlooStagingCommunicator::breakCommunicator(const std::string& reason) {
     std::lock_guard<std::mutex> lock(agreement_mutex_);
     unsent_.clear();
   }
+  agreement_sent_cv_.notify_all();
   // Destroying the backends closes their connections: peers waiting in
   // this collective fail now rather than at their timeout. Data first: a
   // peer blocked there is what breaks the peer's own control backend.

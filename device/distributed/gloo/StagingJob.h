@@ -1,7 +1,7 @@
 // What the Gloo staging communicator queues: a job per collective (or per
 // group of calls between groupStart and groupEnd), cut into steps.
 //
-// A job runs one of two ways. Zero-copy (the analogue of GPUDirect RDMA,
+// A job runs one of three ways. Zero-copy (the analogue of GPUDirect RDMA,
 // where NCCL reads device memory directly): when the driver offers a kernel
 // view (ph_kernel_address: host-visible addresses of device memory, valid
 // while work on a stream runs), the job's stream task resolves the views of
@@ -16,6 +16,13 @@
 // partial sums in a non-root rank's buffer (torch 2.13's ProcessGroupGloo
 // does, on CPU tensors too), and pccl's reduce, like NCCL's, leaves a
 // non-root's tensor as it was.
+// Small: a job of at most kSmallJobBytes (Agreement.h) whose every step has
+// a local form (Step::combine) sends its input in its agreement message and
+// finishes from the gathered messages, with no data backend call. With a
+// kernel view its stream task runs it on the stream's worker, reaching the
+// buffers through their views, so that no other thread is woken for it;
+// without one the communicator's thread runs it with ph_memcpy. Either way
+// it sends its message only when every earlier job has sent its own.
 //
 // A step copies some device ranges into pinned host memory, exchanges that
 // memory with Gloo, and copies some ranges back. The communicator's thread

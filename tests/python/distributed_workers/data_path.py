@@ -185,6 +185,32 @@ def small_all_to_all():
     assert_equal(out, torch.arange(WORLD, dtype=torch.float32) * 10 + RANK, "small all_to_all")
 
 
+def mixed_sequence():
+    # Small jobs between larger ones, all in flight at once: the agreement
+    # messages still go out in call order (a larger job's waits for the
+    # small one before it), whichever thread sends each.
+    a = torch.full((10,), float(RANK + 1), device=DEV)
+    big = torch.full((N,), float(RANK + 1), device=DEV)
+    r = torch.full((6,), float(RANK + 2), device=DEV)
+    b = torch.full((7,), float(RANK), device=DEV)
+    big2 = torch.full((N,), float(RANK), device=DEV)
+
+    def issue():
+        works = [dist.all_reduce(a, async_op=True), dist.all_reduce(big, async_op=True),
+                 dist.reduce(r, dst=0, async_op=True), dist.broadcast(b, src=WORLD - 1, async_op=True),
+                 dist.broadcast(big2, src=0, async_op=True)]
+        for w in works:
+            w.wait()
+    ran("mixed_sequence", issue)
+    total = float(WORLD * (WORLD + 1) // 2)
+    assert_equal(a, torch.full((10,), total), "small all_reduce")
+    assert_equal(big, torch.full((N,), total), "large all_reduce")
+    expected_r = float(sum(range(2, WORLD + 2))) if RANK == 0 else float(RANK + 2)
+    assert_equal(r, torch.full((6,), expected_r), "small reduce")
+    assert_equal(b, torch.full((7,), float(WORLD - 1)), "small broadcast")
+    assert_equal(big2, torch.zeros(N), "large broadcast")
+
+
 def barrier():
     ran("barrier", lambda: dist.barrier())
 
@@ -192,7 +218,7 @@ def barrier():
 for check in (all_reduce, small_all_reduce, broadcast, all_gather_into_tensor, reduce_scatter_tensor,
               all_to_all_single, send_recv, reduce, coalesced_with_reduce, small_all_reduce_max,
               all_reduce_9KiB, small_broadcast, small_all_gather, small_reduce, small_coalesced,
-              small_reduce_scatter, small_all_to_all, barrier):
+              small_reduce_scatter, small_all_to_all, mixed_sequence, barrier):
     checks.run(check.__name__, check)
 
 checks.report(paths=paths, kernel_view=torch_phantom._C._has_kernel_view())

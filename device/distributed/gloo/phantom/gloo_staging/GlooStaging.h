@@ -13,7 +13,8 @@
 // message's size; the check turns that into an error naming each rank's
 // call. The two backends are separate because the agreement message is sent
 // by the calling thread, in call order, while the data is sent later by the
-// communicator's own thread.
+// communicator's own thread. A collective of at most 8 KiB sends its data
+// in its agreement message and makes no call on `data`.
 #pragma once
 
 #include <phantom/ccl/Communicator.h>
