@@ -67,6 +67,14 @@ def test_small_and_larger_collectives_in_flight_together(group):
         assert o.results["paths"]["mixed_sequence"] == {**larger, "small": 3}, f"rank {o.rank}"
 
 
+def test_each_collective_reads_what_the_one_before_wrote(group):
+    outcomes = group[1]
+    check_named(outcomes, "dependent_sequence")
+    for o in outcomes:
+        assert o.results["paths"]["dependent_sequence"] == {"zero_copy": 0, "staged": 1, "small": 3}, \
+            f"rank {o.rank}"
+
+
 @pytest.mark.parametrize("name", SMALL)
 def test_small_collectives_travel_in_their_agreement_message(group, name):
     # One Gloo exchange instead of two: no data backend call, either way.

@@ -760,11 +760,14 @@ void GlooStagingCommunicator::submitPending() {
     }
     job->run_direct = [this](Job& j) { runSmallInTask(j); };
     job->released = [this](Job& j, bool ran) { directReleased(j, ran); };
+    last_in_task_ = job;
+  } else {
+    job->after_in_task = last_in_task_;
   }
   {
     // The agreement messages go out in call order, the same on every rank.
-    // A small job's carries its data, so the communicator's thread sends it
-    // once the data is on the host, and those of the jobs after it then.
+    // A small job's carries its data, so it is sent once the data is on
+    // the host (sendSmallAgreement), and those of the jobs after it then.
     std::lock_guard<std::mutex> lock(agreement_mutex_);
     if (job->small || !unsent_.empty()) {
       unsent_.push_back(job);
@@ -836,7 +839,9 @@ void GlooStagingCommunicator::startAgreement(Job& job) {
 
 void GlooStagingCommunicator::sendSmallAgreement(Job& job) {
   std::unique_lock<std::mutex> lock(agreement_mutex_);
-  // A small job before it, on another stream, may not have sent its own.
+  // Each earlier job has sent its message: the jobs of one communicator
+  // share a stream, whose order the tasks keep, and this waits only if
+  // that ever changes.
   agreement_sent_cv_.wait(lock, [&] {
     return unsent_.empty() || unsent_.front().get() == &job || broken_.load();
   });

@@ -121,6 +121,7 @@ class GlooStagingCommunicator final : public ccl::Communicator {
   // --- a small job's stream task, with a kernel view (GlooStagingThread.cpp) ---
   void runSmallInTask(Job& job);
   void waitForDirect();
+  static void waitForEnd(Job& job);
   // --- a zero-copy job's stream task (GlooStagingThread.cpp) ---
   void runDirect(Job& job);
   void directReleased(Job& job, bool ran);
@@ -149,6 +150,7 @@ class GlooStagingCommunicator final : public ccl::Communicator {
   // The calling thread's state (callers are serialised).
   int group_depth_ = 0;
   std::shared_ptr<Job> pending_;
+  std::shared_ptr<Job> last_in_task_;  // the last small job run in its task
   std::vector<std::shared_ptr<ReadyMark>> ready_;  // orderAfter's, for the next job
   std::shared_ptr<Readiness> readiness_ = std::make_shared<Readiness>();
   uint64_t collectives_ = 0;

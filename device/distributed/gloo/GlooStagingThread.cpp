@@ -107,9 +107,14 @@ void GlooStagingCommunicator::run(const std::shared_ptr<Job>& shared) {
       throw std::runtime_error(broken_reason_);
     }
     waitForInputs(job);
+    if (job.after_in_task && !job.zero_copy) {  // a zero-copy job's task follows it
+      waitForEnd(*job.after_in_task);
+    }
+    job.after_in_task.reset();
     job.prologue();  // the fault injector's kernel
     cause = Cause::Exchange;
     if (job.small) {
+      waitForDirect();
       runSmall(job, cause);
       end(job);
       return;
@@ -153,15 +158,16 @@ void GlooStagingCommunicator::waitForInputs(const Job& job) {
   }
 }
 
+void GlooStagingCommunicator::waitForEnd(Job& job) {
+  std::unique_lock<std::mutex> lock(job.mutex);
+  job.ended.wait(lock, [&] { return job.done.load(std::memory_order_acquire); });
+}
+
 void GlooStagingCommunicator::waitForDirect() {
   if (!last_direct_) {
     return;
   }
-  Job& job = *last_direct_;
-  {
-    std::unique_lock<std::mutex> lock(job.mutex);
-    job.ended.wait(lock, [&] { return job.done.load(std::memory_order_acquire); });
-  }
+  waitForEnd(*last_direct_);
   last_direct_.reset();
 }
 
@@ -249,9 +255,8 @@ void GlooStagingCommunicator::runStaged(Job& job, Cause& cause) {
   }
 }
 
-// A small job needs no data backend, and no zero-copy job before it to
-// end: its exchange is its agreement message (Agreement.h), on the control
-// backend, which keeps call order by itself.
+// A small job needs no data backend: its exchange is its agreement message
+// (Agreement.h), on the control backend, which keeps call order by itself.
 void GlooStagingCommunicator::runSmall(Job& job, Cause& cause) {
   small_jobs.fetch_add(1, std::memory_order_relaxed);
   job.slot = agreementSlot(job);

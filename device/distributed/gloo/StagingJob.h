@@ -190,6 +190,10 @@ struct Job {
   // One per stream the job was ordered after: its inputs are ready once
   // all are reached.
   std::vector<std::shared_ptr<ReadyMark>> ready;
+  // For a job the communicator's thread runs: the last small job before it
+  // that runs in its stream task, which must end before this one touches
+  // any buffer (the two may share one; the stream orders everything else).
+  std::shared_ptr<Job> after_in_task;
 
   // Small (Agreement.h): every step has a combine and the job moves at
   // most kSmallJobBytes, so its data travels in its agreement slot and no

@@ -211,6 +211,27 @@ def mixed_sequence():
     assert_equal(big2, torch.zeros(N), "large broadcast")
 
 
+def dependent_sequence():
+    # Each collective reads what the one before it wrote, all in flight at
+    # once: a job the communicator's thread runs (reduce) must not read its
+    # buffer before a small job run in its stream task has written it.
+    t = torch.full((10,), float(RANK + 1), device=DEV)
+    big = torch.full((N,), float(RANK + 1), device=DEV)
+
+    def issue():
+        works = [dist.all_reduce(t, async_op=True), dist.reduce(t, dst=0, async_op=True),
+                 dist.all_reduce(big[:10], async_op=True), dist.reduce(big, dst=0, async_op=True)]
+        for w in works:
+            w.wait()
+    ran("dependent_sequence", issue)
+    total = float(WORLD * (WORLD + 1) // 2)
+    root = RANK == 0
+    assert_equal(t, torch.full((10,), total * WORLD if root else total), "all_reduce, then reduce")
+    expected = torch.full((N,), total if root else float(RANK + 1))
+    expected[:10] = total * WORLD if root else total
+    assert_equal(big, expected, "a slice's all_reduce, then the whole reduced")
+
+
 def barrier():
     ran("barrier", lambda: dist.barrier())
 
@@ -218,7 +239,7 @@ def barrier():
 for check in (all_reduce, small_all_reduce, broadcast, all_gather_into_tensor, reduce_scatter_tensor,
               all_to_all_single, send_recv, reduce, coalesced_with_reduce, small_all_reduce_max,
               all_reduce_9KiB, small_broadcast, small_all_gather, small_reduce, small_coalesced,
-              small_reduce_scatter, small_all_to_all, mixed_sequence, barrier):
+              small_reduce_scatter, small_all_to_all, mixed_sequence, dependent_sequence, barrier):
     checks.run(check.__name__, check)
 
 checks.report(paths=paths, kernel_view=torch_phantom._C._has_kernel_view())
