@@ -163,6 +163,10 @@ ph_status_t Spawn(State& state) {
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_adddup2(&actions, child_end, 3);
+  // Nothing else of the program's: a socket it opened without
+  // close-on-exec (Gloo's, a TCPStore's) would otherwise stay open in the
+  // server, and a peer would not see the program close it.
+  posix_spawn_file_actions_addclosefrom_np(&actions, 4);
   posix_spawnattr_t attributes;
   posix_spawnattr_init(&attributes);
   sigset_t none;

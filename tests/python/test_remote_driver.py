@@ -7,7 +7,8 @@ runtime's copying CPU fallback is checked here: tensors created on the
 device and copied back (pageable and pinned, and views of them; fills such
 as ``torch.zeros`` are CPU kernels, which need the fallback), the device
 count and
-properties the server answers, memory statistics, and device loss: when the
+properties the server answers, memory statistics, that the server keeps
+none of the program's files open, and device loss: when the
 server is killed, the next phantom call raises a RuntimeError saying the
 device was lost, and nothing hangs (each run has a bounded timeout).
 """
@@ -83,6 +84,26 @@ print(json.dumps({"total": total, "allocated": allocated,
 """)
     assert state == {"total": 256 << 20, "allocated": 16 << 20,
                      "server_free_dropped": True}
+
+
+def test_the_server_keeps_none_of_the_programs_files_open():
+    # A socket or pipe the program opened before the device started (Gloo's
+    # connections, a store's) must close when the program closes it: a
+    # peer waiting on it sees the close, not the server's copy holding it.
+    state = run("""
+import json, os, torch, torch_phantom
+r, w = os.pipe()
+os.set_inheritable(w, True)  # no close-on-exec, as a C library's socket may be
+x = torch.ones(4, device="phantom")  # starts the server
+os.close(w)
+os.set_blocking(r, False)
+try:
+    closed = os.read(r, 1) == b""
+except BlockingIOError:
+    closed = False  # another process still holds the write end
+print(json.dumps({"closed": closed, "value": x.cpu().tolist()}))
+""")
+    assert state == {"closed": True, "value": [1.0, 1.0, 1.0, 1.0]}
 
 
 def test_a_killed_server_is_a_clear_error_not_a_hang():
