@@ -116,9 +116,10 @@ class GlooStagingCommunicator final : public ccl::Communicator {
   void serve();
   void run(const std::shared_ptr<Job>& job);
   void runStaged(Job& job, Cause& cause);
-  void runSmall(Job& job, Cause& cause);
   void waitForInputs(const Job& job);
-  // --- a small job's stream task, with a kernel view (GlooStagingThread.cpp) ---
+  // --- a small job: on the thread, or (through the kernel views) in its
+  // stream task, runSmallInTask (GlooStagingThread.cpp) ---
+  void runSmall(Job& job, Cause& cause, bool through_views);
   void runSmallInTask(Job& job);
   void waitForDirect();
   static void waitForEnd(Job& job);

@@ -60,6 +60,23 @@ void copyOut(const Step& step, uint8_t* host) {
   }
 }
 
+// The same, inside stream work, through the job's kernel views.
+void copyInThroughViews(const Step& step, const KernelViews& views, uint8_t* host) {
+  for (const Transfer& t : step.to_host) {
+    if (t.bytes > 0) {
+      std::memcpy(host + t.host_offset, views.at(t.device), t.bytes);
+    }
+  }
+}
+
+void copyOutThroughViews(const Step& step, const KernelViews& views, uint8_t* host) {
+  for (const Transfer& t : step.to_device) {
+    if (t.bytes > 0) {
+      std::memcpy(views.at(t.device), host + t.host_offset, t.bytes);
+    }
+  }
+}
+
 void waitAll(GlooWorks& works) {
   for (auto& work : works) {
     work->wait();
@@ -115,7 +132,7 @@ void GlooStagingCommunicator::run(const std::shared_ptr<Job>& shared) {
     cause = Cause::Exchange;
     if (job.small) {
       waitForDirect();
-      runSmall(job, cause);
+      runSmall(job, cause, /*through_views=*/false);
       end(job);
       return;
     }
@@ -257,13 +274,15 @@ void GlooStagingCommunicator::runStaged(Job& job, Cause& cause) {
 
 // A small job needs no data backend: its exchange is its agreement message
 // (Agreement.h), on the control backend, which keeps call order by itself.
-void GlooStagingCommunicator::runSmall(Job& job, Cause& cause) {
+// The communicator's thread copies with ph_memcpy; a stream task, inside
+// stream work, through the kernel views (`through_views`).
+void GlooStagingCommunicator::runSmall(Job& job, Cause& cause, bool through_views) {
   small_jobs.fetch_add(1, std::memory_order_relaxed);
   job.slot = agreementSlot(job);
   uint8_t* mine = slotPayload(job.slot);
   cause = Cause::Local;
   for (const Step& step : job.steps) {
-    copyIn(step, mine);
+    through_views ? copyInThroughViews(step, job.views, mine) : copyIn(step, mine);
   }
   cause = Cause::Exchange;
   sendSmallAgreement(job);
@@ -275,12 +294,12 @@ void GlooStagingCommunicator::runSmall(Job& job, Cause& cause) {
   cause = Cause::Local;
   for (const Step& step : job.steps) {
     step.combine(mine, ranks);  // the slot has been sent: reused for the result
-    copyOut(step, mine);
+    through_views ? copyOutThroughViews(step, job.views, mine) : copyOut(step, mine);
   }
 }
 
-// On the stream's worker, inside the job's stream task: runSmall's work,
-// with the device buffers reached through their kernel views.
+// On the stream's worker, inside the job's stream task: what run() does
+// before a small job, then runSmall through the kernel views.
 void GlooStagingCommunicator::runSmallInTask(Job& job) {
   Cause cause = Cause::Local;
   try {
@@ -296,32 +315,7 @@ void GlooStagingCommunicator::runSmallInTask(Job& job) {
           std::string("the driver gave no kernel view of its buffers: ") +
           ph_last_error_message());
     }
-    small_jobs.fetch_add(1, std::memory_order_relaxed);
-    job.slot = agreementSlot(job);
-    uint8_t* mine = slotPayload(job.slot);
-    for (const Step& step : job.steps) {
-      for (const Transfer& t : step.to_host) {
-        if (t.bytes > 0) {
-          std::memcpy(mine + t.host_offset, job.views.at(t.device), t.bytes);
-        }
-      }
-    }
-    cause = Cause::Exchange;
-    sendSmallAgreement(job);
-    waitForAgreement(job);
-    std::vector<const uint8_t*> ranks(config_.size);
-    for (int r = 0; r < config_.size; ++r) {
-      ranks[r] = gatheredPayload(job.slots, r);
-    }
-    cause = Cause::Local;
-    for (const Step& step : job.steps) {
-      step.combine(mine, ranks);
-      for (const Transfer& t : step.to_device) {
-        if (t.bytes > 0) {
-          std::memcpy(job.views.at(t.device), mine + t.host_offset, t.bytes);
-        }
-      }
-    }
+    runSmall(job, cause, /*through_views=*/true);
     end(job);
   } catch (const DisagreementError& e) {
     fail(job, Cause::Agreement, e.what());

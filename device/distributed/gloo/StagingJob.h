@@ -202,8 +202,9 @@ struct Job {
 
   // Agreement: this rank's slot and the gathered slots, and the headers of
   // the point-to-point messages this rank receives (control backend).
-  // `agreement_sent` once those calls are made (on the calling thread, or
-  // on the communicator's thread for a small job and those queued after it).
+  // `agreement_sent` once those calls are made (under the communicator's
+  // agreement mutex: by the calling thread, or for a small job and those
+  // queued after it by whichever thread runs the small job).
   bool agreement_sent = false;
   c10::intrusive_ptr<c10d::Work> fingerprint_work;
   at::Tensor slot;   // kSlotBytes
