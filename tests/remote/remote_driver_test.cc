@@ -139,24 +139,38 @@ ph_status_t Launch(ph_stream_t stream, std::function<ph_status_t()> body) {
 
 // Counting devices answers from the setting the server will read, without
 // starting it (as CUDA counts devices without creating a context); the
-// first call that uses a device starts it.
-TEST(RemoteServer, StartsOnFirstUseAsAChildProcess) {
+// first call that uses a device starts it. Run in a fresh process (this
+// binary re-run by the death test), where no earlier test has started it.
+bool CountingStartsNothingAndFirstUseStartsOneServer() {
   int count = 0;
-  ASSERT_PH_OK(ph_device_count(&count));
-  EXPECT_EQ(count, 2);
-  EXPECT_TRUE(ServerChildren(::getpid()).empty())
-      << "counting devices started the server";
+  if (ph_device_count(&count) != PH_SUCCESS || count != 2) return false;
+  if (!ServerChildren(::getpid()).empty()) {
+    std::fprintf(stderr, "counting devices started the server\n");
+    return false;
+  }
   size_t free_bytes = 0;
   size_t total = 0;
-  ASSERT_PH_OK(ph_mem_get_info(1, &free_bytes, &total));
+  if (ph_mem_get_info(1, &free_bytes, &total) != PH_SUCCESS) return false;
   const std::vector<pid_t> servers = ServerChildren(::getpid());
-  ASSERT_EQ(servers.size(), 1u) << "one server, started by this process";
-  EXPECT_TRUE(Alive(servers[0]));
+  if (servers.size() != 1 || !Alive(servers[0])) {
+    std::fprintf(stderr, "not one live server started by this process\n");
+    return false;
+  }
   ph_device_properties_t props;
   props.struct_size = sizeof props;
-  ASSERT_PH_OK(ph_device_get_properties(1, &props));
-  EXPECT_STREQ(props.name, "Phantom remote accelerator");
-  EXPECT_EQ(props.total_memory, size_t{64} << 20);
+  return ph_device_get_properties(1, &props) == PH_SUCCESS &&
+         std::strcmp(props.name, "Phantom remote accelerator") == 0 &&
+         props.total_memory == size_t{64} << 20;
+}
+
+TEST(RemoteServer, StartsOnFirstUseAsAChildProcess) {
+  EXPECT_EXIT(
+      {
+        const bool ok = CountingStartsNothingAndFirstUseStartsOneServer();
+        std::fprintf(stderr, "%s\n", ok ? "started on first use" : "failed");
+        _exit(ok ? 0 : 1);
+      },
+      ::testing::ExitedWithCode(0), "started on first use");
 }
 
 TEST(RemoteMemory, DeviceMemoryIsNeverHostAddressable) {
@@ -351,10 +365,11 @@ TEST(RemoteStartUp, AForkedChildIsRefusedAndTheParentGoesOn) {
 
 // A process that only counted devices has not started one: a child forked
 // then starts its own server and uses the device, and so does the parent.
-TEST(RemoteStartUp, AChildForkedAfterCountingDevicesUsesTheDevice) {
+// The parent is a fresh process (this binary re-run by the death test), so
+// that no earlier test in this binary has started the device.
+bool ForkedChildAndParentUseTheDevice() {
   int count = 0;
-  ASSERT_PH_OK(ph_device_count(&count));
-  ASSERT_EQ(count, 2);
+  if (ph_device_count(&count) != PH_SUCCESS || count != 2) return false;
   const pid_t child = ::fork();
   if (child == 0) {
     void* ptr = nullptr;
@@ -364,13 +379,24 @@ TEST(RemoteStartUp, AChildForkedAfterCountingDevicesUsesTheDevice) {
     ::_exit(used ? 0 : 1);
   }
   int status = 0;
-  ASSERT_EQ(::waitpid(child, &status, 0), child);
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
-      << "the child could not use the device";
+  if (::waitpid(child, &status, 0) != child ||
+      !(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
+    std::fprintf(stderr, "the child could not use the device\n");
+    return false;
+  }
   void* ptr = nullptr;
-  ASSERT_PH_OK(ph_malloc(0, 16, &ptr));
-  ASSERT_PH_OK(ph_free(ptr));
-  EXPECT_EQ(ServerChildren(::getpid()).size(), 1u);
+  return ph_malloc(0, 16, &ptr) == PH_SUCCESS && ph_free(ptr) == PH_SUCCESS &&
+         ServerChildren(::getpid()).size() == 1;
+}
+
+TEST(RemoteStartUp, AChildForkedAfterCountingDevicesUsesTheDevice) {
+  EXPECT_EXIT(
+      {
+        const bool ok = ForkedChildAndParentUseTheDevice();
+        std::fprintf(stderr, "%s\n", ok ? "both used it" : "failed");
+        _exit(ok ? 0 : 1);
+      },
+      ::testing::ExitedWithCode(0), "both used it");
 }
 
 // Every call the runtime makes, after the device was lost: the device
