@@ -30,9 +30,8 @@ constexpr std::chrono::microseconds kSpinBudget{50};
 // An idle stream worker polls its queue longer, as a GPU's command
 // processor polls its ring: in a training step the host often takes more
 // than 50 us between two launches (Python, autograd), and a worker that
-// fell asleep then cost every such launch a kernel wake-up. Measured on
-// the DLRM step of bench/ (2 cores): median phantom/CPU 1.25 with 50 us,
-// 1.12 with 1 ms (9-12 processes each); the test suite took no longer. It
+// fell asleep then cost every such launch a kernel wake-up (the DDP step
+// measurements that chose this budget are in docs/distributed.md). It
 // costs at most 1 ms of one core after each burst of work, and the worker
 // yields its core every 64 polls.
 constexpr std::chrono::microseconds kIdlePollBudget{1000};

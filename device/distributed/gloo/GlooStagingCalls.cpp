@@ -46,9 +46,8 @@ constexpr size_t kChunkBytes = size_t{2} << 20;
 
 // Jobs moving less than this stage even when zero-copy is possible: a few
 // KiB cost nothing to copy, and their time is the hand-overs between
-// threads either way (world 2 on two busy cores: at 64 KiB, 1.1 ms a
-// collective zero-copy against 1.3 ms staged; at 4 KiB the two differ by
-// less than the noise).
+// threads either way (docs/distributed.md, "How it works", has the
+// measurements).
 constexpr size_t kZeroCopyMinBytes = size_t{64} << 10;
 
 size_t alignUp(size_t n) {
