@@ -34,11 +34,9 @@
 // write whole lines straight to memory. glibc's memcpy switches to them
 // only from its own threshold (240 MiB on the development VM, where it
 // takes the L3 to be 320 MiB), so a 64 MiB copy in 2 MiB memcpy calls
-// never used them. Measured on the 2-core development VM, two threads,
-// 2 MiB chunks: 64 MiB from 4 KiB pinned pages to 2 MiB device pages 8.0
-// GB/s with memcpy, 14.6 GB/s streaming; 256 MiB 12.3 against 18.6 GB/s.
-// Below the threshold the destination stays in the cache, which is faster
-// for a copy that fits there (4 MiB: 9.4 against 3.7 GB/s) and leaves the
+// never used them (docs/pinned-memory.md, "Copy speed", has the
+// bandwidths either way). Below the threshold the destination stays in
+// the cache, which is faster for a copy that fits there and leaves the
 // bytes where the next kernel reads them, as memcpy does.
 #ifndef PHANTOM_FAKE_COPY_CHANNELS_H_
 #define PHANTOM_FAKE_COPY_CHANNELS_H_
