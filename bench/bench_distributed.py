@@ -35,10 +35,17 @@ over blocks (one round per order) of the block's phantom/CPU time
              without DDP, both ranks running it at once: what the two
              ranks cost each other without any collective.
 
+Each rank is bound to cores of its own before it makes the group
+(`--bind cores`, the default: torch_phantom.distributed.bind_to_cores, as
+docs/distributed.md advises launching ranks, and as torchrun's
+--numa-binding=exclusive binds CUDA ranks); both arms run in the bound
+processes. `--bind none` leaves the ranks free to run on every core.
+
     python bench/bench_distributed.py                 # ~3 min
     python bench/bench_distributed.py --quick         # < 1 min, fewer sizes and rounds
     python bench/bench_distributed.py --only ddp --out /tmp/d.json
     python bench/bench_distributed.py --only ddp --models dlrm dlrm_no_ddp
+    python bench/bench_distributed.py --only ddp --bind none
 
 Results: a table on stdout and, with --out, a JSON file (the machine as
 bench_perf.py records it) that bench/plot_distributed.py turns into
@@ -116,6 +123,8 @@ def parse(argv):
                    help="the ddp cases to run (default: all)")
     p.add_argument("--reps", type=int, default=8, help="rounds per case (even)")
     p.add_argument("--min-sample-ms", type=float, default=40.0)
+    p.add_argument("--bind", choices=["cores", "none"], default="cores",
+                   help="bind each rank to cores of its own (default) or not")
     p.add_argument("--out")
     p.add_argument("--rank", type=int, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -156,6 +165,8 @@ def worker(args):
     from perf_harness import balanced_ratio, cpu_ticks, machine, steal_fraction
 
     rank = args.rank
+    if args.bind == "cores":
+        torch_phantom.distributed.bind_to_cores(rank, WORLD)
     device = torch.device("phantom", rank % torch.phantom.device_count())
     torch.phantom.set_device(device)
     dist.init_process_group("cpu:gloo,phantom:pccl", timeout=datetime.timedelta(minutes=10))
@@ -303,6 +314,7 @@ def worker(args):
                      "phantom bus bandwidth / Gloo-on-CPU bus bandwidth (1 / the balanced "
                      "time ratio); ddp: ratio = phantom step time / CPU step time",
             "reps": args.reps, "min_sample_ms": args.min_sample_ms, "quick": args.quick,
+            "bind": args.bind,
             "machine": info, "results": results,
         }
         out = pathlib.Path(args.out)

@@ -19,7 +19,9 @@ Two machines (here both on 127.0.0.1; use the first machine's address):
     torchrun --nnodes=2 --nproc-per-node=1 --node-rank=1 \\
         --master-addr=127.0.0.1 --master-port=29500 examples/distributed/train_ddp.py
 
-Options: --model mlp|cnn|transformer|dlrm (default mlp), --steps N.
+Options: --model mlp|cnn|transformer|dlrm (default mlp), --steps N,
+--bind-cores (each rank of a machine on cores of its own,
+torch_phantom.distributed.bind_to_cores; every rank prints its CPUs).
 Set GLOO_SOCKET_IFNAME to pick the network interface between machines.
 """
 
@@ -80,7 +82,11 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=list(MODELS), default="mlp")
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--bind-cores", action="store_true")
     args = parser.parse_args()
+    if args.bind_cores:
+        cpus = torch_phantom.distributed.bind_to_cores()
+        print(f"local rank {os.environ.get('LOCAL_RANK')} runs on CPUs {sorted(cpus)}", flush=True)
     name = MODELS[args.model]
     spec = train_models.MODELS[name]
 
