@@ -137,10 +137,23 @@ ph_status_t Launch(ph_stream_t stream, std::function<ph_status_t()> body) {
   return ph_launch_host_func(stream, &task);
 }
 
+// Runs `body` in this binary re-run by a threadsafe death test: a fresh
+// process, in which no earlier test of this binary has started the device.
+// `success` is what it prints when `body` returns true.
+void ExpectInAFreshProcess(bool (*body)(), const char* success) {
+  EXPECT_EXIT(
+      {
+        const bool ok = body();
+        std::fprintf(stderr, "%s\n", ok ? success : "failed");
+        _exit(ok ? 0 : 1);
+      },
+      ::testing::ExitedWithCode(0), success);
+}
+
 // Counting devices answers from the setting the server will read, without
 // starting it (as CUDA counts devices without creating a context); the
-// first call that uses a device starts it. Run in a fresh process (this
-// binary re-run by the death test), where no earlier test has started it.
+// first call that uses a device starts it. Run in a fresh process
+// (ExpectInAFreshProcess).
 bool CountingStartsNothingAndFirstUseStartsOneServer() {
   int count = 0;
   if (ph_device_count(&count) != PH_SUCCESS || count != 2) return false;
@@ -164,13 +177,8 @@ bool CountingStartsNothingAndFirstUseStartsOneServer() {
 }
 
 TEST(RemoteServer, StartsOnFirstUseAsAChildProcess) {
-  EXPECT_EXIT(
-      {
-        const bool ok = CountingStartsNothingAndFirstUseStartsOneServer();
-        std::fprintf(stderr, "%s\n", ok ? "started on first use" : "failed");
-        _exit(ok ? 0 : 1);
-      },
-      ::testing::ExitedWithCode(0), "started on first use");
+  ExpectInAFreshProcess(CountingStartsNothingAndFirstUseStartsOneServer,
+                        "started on first use");
 }
 
 TEST(RemoteMemory, DeviceMemoryIsNeverHostAddressable) {
@@ -365,8 +373,7 @@ TEST(RemoteStartUp, AForkedChildIsRefusedAndTheParentGoesOn) {
 
 // A process that only counted devices has not started one: a child forked
 // then starts its own server and uses the device, and so does the parent.
-// The parent is a fresh process (this binary re-run by the death test), so
-// that no earlier test in this binary has started the device.
+// The parent is a fresh process (ExpectInAFreshProcess).
 bool ForkedChildAndParentUseTheDevice() {
   int count = 0;
   if (ph_device_count(&count) != PH_SUCCESS || count != 2) return false;
@@ -390,13 +397,7 @@ bool ForkedChildAndParentUseTheDevice() {
 }
 
 TEST(RemoteStartUp, AChildForkedAfterCountingDevicesUsesTheDevice) {
-  EXPECT_EXIT(
-      {
-        const bool ok = ForkedChildAndParentUseTheDevice();
-        std::fprintf(stderr, "%s\n", ok ? "both used it" : "failed");
-        _exit(ok ? 0 : 1);
-      },
-      ::testing::ExitedWithCode(0), "both used it");
+  ExpectInAFreshProcess(ForkedChildAndParentUseTheDevice, "both used it");
 }
 
 // Every call the runtime makes, after the device was lost: the device
