@@ -8,10 +8,26 @@
 // kernel (ATen's native_dropout_cpu) written in ops, so bernoulli_ draws
 // from the phantom device's generator, number for number what the CPU
 // draws with the same seed.
+//
+// Its products, output = input * mask * scale forward and grad * mask *
+// scale backward, are each one queued direct loop (DirectLoops.h) for a
+// contiguous float or double tensor of up to one thread's grain: the
+// CPU's two multiplications, element by element, the bool mask read as
+// 1 or 0 in the product's dtype and the scale rounded to that dtype, as
+// the CPU's type promotion does. As two ops they would cost two launches,
+// a temporary, and a bool-to-float copy of the mask inside the first
+// CPU kernel. Anything else (half, strided, larger) keeps the two ops.
+#include <phantom/BoundsCheck.h>
+#include <phantom/Launch.h>
+#include <phantom/Stream.h>
+#include <phantom/ops/DirectLoops.h>
+#include <phantom/ops/GenericPath.h>
+
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/mul.h>
 #include <ATen/ops/ones_like.h>
+#include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
 #include <optional>
@@ -19,6 +35,70 @@
 
 namespace phantom {
 namespace {
+
+// out[i] = (x[i] * T(mask[i])) * T(scale), for T float or double.
+struct DirectMaskedScale {
+  bool is_float;
+  int64_t numel;
+  void* x_data;
+  int64_t x_offset;
+  void* mask_data;
+  int64_t mask_offset;
+  void* out_data;
+  int64_t out_offset;
+  double scale;
+
+  template <typename T>
+  void loop() const {
+    const int64_t n = numel;
+    const T* x = kernelPointer<T>(x_data, x_offset);
+    const bool* mask = kernelPointer<bool>(mask_data, mask_offset);
+    T* o = kernelPointer<T>(out_data, out_offset);
+    const T s = static_cast<T>(scale);
+    // `out` is fresh: it overlaps neither input.
+#pragma GCC ivdep
+    for (int64_t i = 0; i < n; ++i) {
+      const T kept = x[i] * static_cast<T>(mask[i]);
+      o[i] = kept * s;
+    }
+  }
+
+  void operator()() const {
+    if (is_float) {
+      loop<float>();
+    } else {
+      loop<double>();
+    }
+  }
+};
+
+// Queues out = x * mask * scale as one direct loop when the three tensors
+// allow it (x and out contiguous float or double of the same sizes, mask a
+// contiguous bool of those sizes, all on x's device); false otherwise,
+// having queued nothing.
+bool queuedMaskedScale(const at::Tensor& x, const at::Tensor& mask,
+                       double scale, const at::Tensor& out) {
+  if (!isPlainPhantom(x) || !isPlainPhantom(mask) || !fitsDirectOutput(x) ||
+      mask.scalar_type() != at::kBool || mask.device() != x.device() ||
+      !mask.is_contiguous() || mask.sizes() != x.sizes()) {
+    return false;
+  }
+  checkInsideStorage(x);  // as DeviceTensorRef would
+  checkInsideStorage(mask);
+  checkInsideStorage(out);
+  const DirectMaskedScale work{x.scalar_type() == at::kFloat,
+                               x.numel(),
+                               x.storage().mutable_data(),
+                               x.storage_offset(),
+                               mask.storage().mutable_data(),
+                               mask.storage_offset(),
+                               out.storage().mutable_data(),
+                               out.storage_offset(),
+                               scale};
+  launchAsync(getCurrentPhantomStream(x.device().index()),
+              "aten::native_dropout", work);
+  return true;
+}
 
 std::tuple<at::Tensor, at::Tensor> nativeDropout(const at::Tensor& input,
                                                  double p,
@@ -36,15 +116,29 @@ std::tuple<at::Tensor, at::Tensor> nativeDropout(const at::Tensor& input,
   // noise: the mask of a non-contiguous input is filled in memory order.
   at::Tensor mask = at::empty_like(input, input.options().dtype(at::kBool));
   mask.bernoulli_(keep);
+  if (fitsDirectOutput(input)) {
+    const c10::DeviceGuard guard(input.device());
+    at::Tensor output = at::empty_like(input);
+    if (queuedMaskedScale(input, mask, scale, output)) {
+      return std::make_tuple(output, mask);
+    }
+  }
   at::Tensor output = input.mul(mask).mul_(scale);
   return std::make_tuple(output, mask);
 }
 
 // The CPU's native_dropout_backward is these two products; written in ops
-// they are queued (Elementwise.cpp), where the generic path would wait
-// (its Meta kernel is Python).
+// they are queued (one direct loop, or Elementwise.cpp's two), where the
+// generic path would wait (its Meta kernel is Python).
 at::Tensor nativeDropoutBackward(const at::Tensor& grad, const at::Tensor& mask,
                                  double scale) {
+  if (fitsDirectOutput(grad)) {
+    const c10::DeviceGuard guard(grad.device());
+    at::Tensor result = at::empty_like(grad);
+    if (queuedMaskedScale(grad, mask, scale, result)) {
+      return result;
+    }
+  }
   return at::mul(at::mul(grad, mask), scale);
 }
 

@@ -29,6 +29,7 @@
 #include <phantom/Launch.h>
 #include <phantom/Stream.h>
 #include <phantom/CpuAdmission.h>
+#include <phantom/ops/DirectLoops.h>
 #include <phantom/ops/GenericPath.h>
 #include <phantom/BoundsCheck.h>
 #include <phantom/KernelAliases.h>
@@ -255,9 +256,7 @@ bool fitsDirectLoop(Binary op, const at::Tensor& out, const Input& a,
                                 : alpha.isFloatingPoint() && alpha.toDouble() == 1.0)) {
     return false;
   }
-  const c10::ScalarType dtype = out.scalar_type();
-  if ((dtype != c10::kFloat && dtype != c10::kDouble) || out.numel() == 0 ||
-      out.numel() > at::internal::GRAIN_SIZE || !out.is_contiguous()) {
+  if (!fitsDirectOutput(out)) {
     return false;
   }
   for (const Input* input : {&a, &b}) {
@@ -270,19 +269,6 @@ bool fitsDirectLoop(Binary op, const at::Tensor& out, const Input& a,
     }
   }
   return true;
-}
-
-// Where a contiguous operand's first element is, in the kernel view.
-template <typename T>
-T* kernelPointer(void* storage_data, int64_t storage_offset) {
-  void* base = nullptr;
-  PHANTOM_CHECK(ph_kernel_address(storage_data, &base));
-  return static_cast<T*>(base) + storage_offset;
-}
-
-template <typename T>
-T* kernelPointer(const DeviceTensorRef& ref) {
-  return kernelPointer<T>(ref.storage_data, ref.storage_offset);
 }
 
 // What the direct loop's queued kernel needs, and no more: where each
@@ -707,13 +693,11 @@ bool reluQueued(const at::Tensor& self, const at::Tensor& out) {
   }
   // The callers hold a guard of self's device (relu's for its output).
   const PhantomStream stream = getCurrentPhantomStream(self.device().index());
-  const c10::ScalarType dtype = self.scalar_type();
-  if ((dtype == c10::kFloat || dtype == c10::kDouble) && self.numel() > 0 &&
-      self.numel() <= at::internal::GRAIN_SIZE) {
+  if (fitsDirectOutput(self)) {
     // Both contiguous (the callers' condition): out is self or fresh.
     checkInsideStorage(self);  // as DeviceTensorRef would
     checkInsideStorage(out);
-    const DirectRelu work{dtype == c10::kFloat,
+    const DirectRelu work{self.scalar_type() == c10::kFloat,
                           self.numel(),
                           self.storage().mutable_data(),
                           self.storage_offset(),

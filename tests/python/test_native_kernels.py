@@ -210,6 +210,55 @@ def test_dropout_backward_is_queued_and_matches_cpu():
     assert torch.equal(x.grad.cpu(), x_cpu.grad)
 
 
+def _bits(t):
+    ints = {torch.float32: torch.int32, torch.float64: torch.int64}[t.dtype]
+    return t.contiguous().view(ints)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("shape", [(5, 41), (200, 200), "strided"])
+def test_dropout_products_are_one_queued_loop_with_the_cpus_bits(dtype, shape):
+    # Forward (input * mask * scale) and backward (grad * mask * scale) are
+    # each one direct loop for a small contiguous float or double tensor,
+    # no `aten::mul`; a larger or strided one keeps the two products. Both
+    # give the CPU's bits: NaN payloads, signed zeros and infinities go
+    # through the same two multiplications.
+    special = torch.tensor([float("nan"), -0.0, 0.0, float("inf"), -float("inf"),
+                            1e-310, 3.0, -7.5], dtype=dtype)
+    x = _rand(*((41, 10) if shape == "strided" else shape), dtype=dtype)
+    x.view(-1)[:8] = special
+    if shape == "strided":
+        x = x.t()
+    grad = _rand(*x.shape, dtype=dtype) * 3
+    torch.manual_seed(11)
+    out_cpu, mask_cpu = torch.native_dropout(x, 0.3, True)
+    grad_in_cpu = torch.ops.aten.native_dropout_backward(grad, mask_cpu, 1 / 0.7)
+
+    torch.manual_seed(11)
+    torch_phantom.reset_ops_report()
+    out, mask = torch.native_dropout(x.to("phantom"), 0.3, True)
+    grad_in = torch.ops.aten.native_dropout_backward(grad.to("phantom"), mask, 1 / 0.7)
+    direct = shape == (5, 41)
+    assert (_calls("aten::mul") == 0) == direct, torch_phantom.ops_report()
+    assert torch.equal(mask.cpu(), mask_cpu)
+    assert torch.equal(_bits(out.cpu()), _bits(out_cpu))
+    assert torch.equal(_bits(grad_in.cpu()), _bits(grad_in_cpu))
+
+
+def test_dropout_backward_of_a_non_bool_mask_keeps_the_cpus_promotion():
+    # The direct loop reads a bool mask; a float mask (or a half gradient)
+    # takes the two products, with the CPU's type promotion.
+    grad = _rand(4, 6)
+    mask = (_rand(4, 6) > 0).to(torch.float64)
+    want = torch.ops.aten.native_dropout_backward(grad, mask, 2.0)
+    got = torch.ops.aten.native_dropout_backward(grad.to("phantom"), mask.to("phantom"), 2.0)
+    assert got.dtype == want.dtype == torch.float64
+    assert torch.equal(got.cpu(), want)
+    half = grad.half()
+    got = torch.ops.aten.native_dropout_backward(half.to("phantom"), (mask > 0).to("phantom"), 2.0)
+    assert torch.equal(got.cpu(), torch.ops.aten.native_dropout_backward(half, mask > 0, 2.0))
+
+
 def test_fused_rnn_cells_refuse_integer_gates_at_the_call():
     # ATen sends LSTM/GRU cells on accelerators to the fused kernels, which
     # take floating and complex gates (CUDA's: floating only); integer gates
