@@ -30,6 +30,7 @@
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
+#include <cstdint>
 #include <optional>
 #include <tuple>
 
@@ -52,7 +53,8 @@ struct DirectMaskedScale {
   void loop() const {
     const int64_t n = numel;
     const T* x = kernelPointer<T>(x_data, x_offset);
-    const bool* mask = kernelPointer<bool>(mask_data, mask_offset);
+    // A bool is the byte 0 or 1; read as a byte, the loop vectorizes.
+    const uint8_t* mask = kernelPointer<uint8_t>(mask_data, mask_offset);
     T* o = kernelPointer<T>(out_data, out_offset);
     const T s = static_cast<T>(scale);
     // `out` is fresh: it overlaps neither input.
