@@ -507,7 +507,8 @@ bool worksWithoutKernelView(const c10::OperatorName& name) {
       // Scalars.cpp: the driver's memset, or this fallback.
       "aten::fill_.Scalar", "aten::fill_.Tensor", "aten::zero_",
       // Dropout.cpp: ATen ops, the mask drawn from the device's generator
-      // (the CPU kernel would draw from the CPU's).
+      // (the CPU kernel would draw from the CPU's); its direct loop is
+      // taken only with a kernel view.
       "aten::native_dropout", "aten::native_dropout_backward",
       // NestedTensors.cpp: ATen ops on the nested tensor's buffer.
       "aten::_nested_from_padded", "aten::_nested_view_from_buffer",

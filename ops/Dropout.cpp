@@ -74,13 +74,16 @@ struct DirectMaskedScale {
   }
 };
 
-// Queues out = x * mask * scale as one direct loop when the three tensors
-// allow it (x and out contiguous float or double of the same sizes, mask a
-// contiguous bool of those sizes, all on x's device); false otherwise,
-// having queued nothing.
+// Queues out = x * mask * scale as one direct loop when the driver has a
+// kernel view and the three tensors allow it (x and out contiguous float
+// or double of the same sizes, mask a contiguous bool of those sizes, all
+// on x's device); false otherwise, having queued nothing. Without a
+// kernel view these kernels keep their registration (CopyingFallback.cpp)
+// and their products take the copying fallback.
 bool queuedMaskedScale(const at::Tensor& x, const at::Tensor& mask,
                        double scale, const at::Tensor& out) {
-  if (!isPlainPhantom(x) || !isPlainPhantom(mask) || !fitsDirectOutput(x) ||
+  if (!kernelViewAvailable() || !isPlainPhantom(x) || !isPlainPhantom(mask) ||
+      !fitsDirectOutput(x) ||
       mask.scalar_type() != at::kBool || mask.device() != x.device() ||
       !mask.is_contiguous() || mask.sizes() != x.sizes()) {
     return false;
@@ -118,7 +121,7 @@ std::tuple<at::Tensor, at::Tensor> nativeDropout(const at::Tensor& input,
   // noise: the mask of a non-contiguous input is filled in memory order.
   at::Tensor mask = at::empty_like(input, input.options().dtype(at::kBool));
   mask.bernoulli_(keep);
-  if (fitsDirectOutput(input)) {
+  if (fitsDirectOutput(input) && kernelViewAvailable()) {
     const c10::DeviceGuard guard(input.device());
     at::Tensor output = at::empty_like(input);
     if (queuedMaskedScale(input, mask, scale, output)) {
@@ -134,7 +137,7 @@ std::tuple<at::Tensor, at::Tensor> nativeDropout(const at::Tensor& input,
 // generic path would wait (its Meta kernel is Python).
 at::Tensor nativeDropoutBackward(const at::Tensor& grad, const at::Tensor& mask,
                                  double scale) {
-  if (fitsDirectOutput(grad)) {
+  if (fitsDirectOutput(grad) && kernelViewAvailable()) {
     const c10::DeviceGuard guard(grad.device());
     at::Tensor result = at::empty_like(grad);
     if (queuedMaskedScale(grad, mask, scale, result)) {

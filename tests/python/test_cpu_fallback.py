@@ -179,6 +179,28 @@ def test_an_mlp_training_step_on_the_remote_driver():
     assert run(_MLP_STEP, env) == _MLP_EXPECTED
 
 
+_DROPOUT = """
+import json, torch, torch_phantom
+x = torch.randn(5, 41, generator=torch.Generator().manual_seed(1))
+grad = torch.randn(5, 41, generator=torch.Generator().manual_seed(2))
+torch.manual_seed(7)
+out_cpu, mask_cpu = torch.native_dropout(x, 0.3, True)
+back_cpu = torch.ops.aten.native_dropout_backward(grad, mask_cpu, 1 / 0.7)
+torch.manual_seed(7)
+out, mask = torch.native_dropout(x.to("phantom"), 0.3, True)
+back = torch.ops.aten.native_dropout_backward(grad.to("phantom"), mask, 1 / 0.7)
+print(json.dumps({"mask": torch.equal(mask.cpu(), mask_cpu),
+                  "out": torch.equal(out.cpu(), out_cpu),
+                  "backward": torch.equal(back.cpu(), back_cpu)}))
+"""
+
+
+def test_dropout_matches_the_cpu_without_a_kernel_view():
+    # With a kernel view dropout's products are one direct loop over
+    # device memory; without one they must take the copying fallback.
+    assert run(_DROPOUT) == {"mask": True, "out": True, "backward": True}
+
+
 _WARNINGS = """
 import json, warnings, torch, torch_phantom
 a = torch.ones(3, device="phantom")
