@@ -40,8 +40,10 @@ class Expectations:
     Each entry: ``{"check", "op", "dtypes" (list, or omitted for every
     dtype), "kind": "xfail" | "skip", "reason"}``. ``check`` may be ``*``.
     ``xfail``: the test runs and must fail (a pass is an error: remove the
-    entry). ``skip``: the test is not run (crashes, hangs, or has nothing to
-    compare) and is reported as skipped with the reason.
+    entry), unless the entry has ``"strict": false``: then the outcome
+    depends on the machine (the CPU kernels' rounding differs between
+    instruction sets) and a pass is recorded as ``passed``. ``skip``: the test is not run (crashes, hangs, or has nothing
+    to compare) and is reported as skipped with the reason.
     """
 
     def __init__(self, path=EXPECTED_PATH):
@@ -317,6 +319,9 @@ def conform(test, key, body):
             RECORDER.record(key, "xfailed", stats.samples, stats.matched,
                             entry["reason"], nodeid, error)
             pytest.xfail(f"listed in expected_failures.json: {entry['reason']}")
+        if not entry.get("strict", True):  # the machine decides: a pass is a pass
+            RECORDER.record(key, "passed", stats.samples, stats.matched, entry["reason"], nodeid)
+            return
         RECORDER.record(key, "xpassed", stats.samples, stats.matched, entry["reason"], nodeid)
         test.fail(f"{'/'.join(key)} is listed in expected_failures.json as failing "
                   f"({entry['reason']!r}) but passed on {stats.samples} samples: remove the entry")

@@ -483,6 +483,10 @@ class TestPhantomOps(TestCase):
                 RECORDER.record(key, "xfailed", stats.samples, stats.matched,
                                 entry["reason"], nodeid, error)
                 pytest.xfail(f"listed in expected_failures.json: {entry['reason']}")
+            if not entry.get("strict", True):  # the machine decides
+                RECORDER.record(key, "passed", stats.samples, stats.matched,
+                                entry["reason"], nodeid)
+                return
             RECORDER.record(key, "xpassed", stats.samples, stats.matched,
                             entry["reason"], nodeid)
             self.fail(
