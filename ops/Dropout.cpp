@@ -74,20 +74,22 @@ struct DirectMaskedScale {
   }
 };
 
-// Queues out = x * mask * scale as one direct loop when the driver has a
-// kernel view and the three tensors allow it (x and out contiguous float
-// or double of the same sizes, mask a contiguous bool of those sizes, all
-// on x's device); false otherwise, having queued nothing. Without a
-// kernel view these kernels keep their registration (CopyingFallback.cpp)
-// and their products take the copying fallback.
-bool queuedMaskedScale(const at::Tensor& x, const at::Tensor& mask,
-                       double scale, const at::Tensor& out) {
-  if (!kernelViewAvailable() || !isPlainPhantom(x) || !isPlainPhantom(mask) ||
-      !fitsDirectOutput(x) ||
-      mask.scalar_type() != at::kBool || mask.device() != x.device() ||
-      !mask.is_contiguous() || mask.sizes() != x.sizes()) {
-    return false;
-  }
+// Whether out = x * mask * scale can be one direct loop: the driver has a
+// kernel view, x is a contiguous float or double tensor the loop can
+// write a fresh copy of, and mask a contiguous bool of x's sizes on x's
+// device. Without a kernel view these kernels keep their registration
+// (CopyingFallback.cpp) and their products take the copying fallback.
+bool fitsMaskedScale(const at::Tensor& x, const at::Tensor& mask) {
+  return kernelViewAvailable() && isPlainPhantom(x) && isPlainPhantom(mask) &&
+         fitsDirectOutput(x) && mask.scalar_type() == at::kBool &&
+         mask.device() == x.device() && mask.is_contiguous() &&
+         mask.sizes() == x.sizes();
+}
+
+// Queues out = x * mask * scale, for arguments fitsMaskedScale takes and a
+// fresh `out` like x.
+void queueMaskedScale(const at::Tensor& x, const at::Tensor& mask,
+                      double scale, const at::Tensor& out) {
   checkInsideStorage(x);  // as DeviceTensorRef would
   checkInsideStorage(mask);
   checkInsideStorage(out);
@@ -102,7 +104,6 @@ bool queuedMaskedScale(const at::Tensor& x, const at::Tensor& mask,
                                scale};
   launchAsync(getCurrentPhantomStream(x.device().index()),
               "aten::native_dropout", work);
-  return true;
 }
 
 std::tuple<at::Tensor, at::Tensor> nativeDropout(const at::Tensor& input,
@@ -121,12 +122,11 @@ std::tuple<at::Tensor, at::Tensor> nativeDropout(const at::Tensor& input,
   // noise: the mask of a non-contiguous input is filled in memory order.
   at::Tensor mask = at::empty_like(input, input.options().dtype(at::kBool));
   mask.bernoulli_(keep);
-  if (fitsDirectOutput(input) && kernelViewAvailable()) {
+  if (fitsMaskedScale(input, mask)) {
     const c10::DeviceGuard guard(input.device());
     at::Tensor output = at::empty_like(input);
-    if (queuedMaskedScale(input, mask, scale, output)) {
-      return std::make_tuple(output, mask);
-    }
+    queueMaskedScale(input, mask, scale, output);
+    return std::make_tuple(output, mask);
   }
   at::Tensor output = input.mul(mask).mul_(scale);
   return std::make_tuple(output, mask);
@@ -137,12 +137,11 @@ std::tuple<at::Tensor, at::Tensor> nativeDropout(const at::Tensor& input,
 // generic path would wait (its Meta kernel is Python).
 at::Tensor nativeDropoutBackward(const at::Tensor& grad, const at::Tensor& mask,
                                  double scale) {
-  if (fitsDirectOutput(grad) && kernelViewAvailable()) {
+  if (fitsMaskedScale(grad, mask)) {
     const c10::DeviceGuard guard(grad.device());
     at::Tensor result = at::empty_like(grad);
-    if (queuedMaskedScale(grad, mask, scale, result)) {
-      return result;
-    }
+    queueMaskedScale(grad, mask, scale, result);
+    return result;
   }
   return at::mul(at::mul(grad, mask), scale);
 }
